@@ -1,0 +1,147 @@
+"""What an adapter is, and the pieces that several adapters share.
+
+An adapter *translates* and does nothing else: a stock HF state dict <-> canonical tensors (see
+`canonical.py`), plus the `ModelShape` read off the config. To add an architecture:
+
+1. write `adapters/<name>.py` with a subclass of `Adapter` (`shape`, `to_canonical`,
+   `from_canonical`, and `export_config` if the config must change) and register it in
+   `adapters/__init__.py`;
+2. add a tiny-model factory to `tests/factories.py`. The property tests then check it against the
+   stock `transformers` forward for every group and seed.
+
+The part functions take `get(name) -> float64 tensor` (current HF names; legacy names are renamed
+by `renames`) so that a checkpoint can be read one block at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch
+
+from .. import SymmergeError
+from ..canonical import fold_norm, mean_free, merge_o, merge_q, split_kv, split_o, split_q
+from ..shape import ModelShape
+
+Getter = Callable[[str], torch.Tensor]
+
+
+class Adapter:
+    name: str = ""
+    hf_classes: tuple[str, ...] = ()
+    #: (pattern, replacement) pairs renaming legacy checkpoint keys to the current HF names
+    renames: tuple[tuple[str, str], ...] = ()
+
+    # --- to implement ---
+    def shape(self, config) -> ModelShape:
+        raise NotImplementedError
+
+    def embed_to_canonical(self, get: Getter, s: ModelShape) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def block_to_canonical(self, get: Getter, s: ModelShape, i: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def final_to_canonical(self, get: Getter, s: ModelShape, has: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def export_config(self, config, s: ModelShape, params: dict[str, torch.Tensor]):
+        """The config of the exported checkpoint (untied head, eps moved by the residual scale)."""
+        config = config.__class__.from_dict(config.to_dict())
+        config.tie_word_embeddings = False
+        return config
+
+    # --- shared ---
+    def rename(self, key: str) -> str:
+        for pattern, repl in self.renames:
+            key = re.sub(pattern, repl, key)
+        return key
+
+    def to_canonical(self, get: Getter, s: ModelShape, has: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+        params = self.embed_to_canonical(get, s)
+        for i in range(s.n_layers):
+            params.update(self.block_to_canonical(get, s, i))
+        params.update(self.final_to_canonical(get, s, has))
+        return params
+
+
+def require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise SymmergeError(msg)
+
+
+def rotary_dims(config, d_head: int) -> int:
+    rope = getattr(config, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    r = int(d_head * factor)
+    require(r % 2 == 0, f"rotary dimension {r} is odd; RoPE needs pairs")
+    return r
+
+
+# --- attention and MLP in canonical form ------------------------------------------------------------
+
+
+def attention_to_canonical(p: str, s: ModelShape, q, k, v, o, bq, bk, bv, bo) -> dict[str, torch.Tensor]:
+    """Canonical attention from nn.Linear-oriented q [H*dh, d], k, v [KV*dh, d], o [d, H*dh] (biases may be None)."""
+    nkv, g, dh = s.n_kv_heads, s.q_per_kv, s.d_head
+    zero = lambda n: torch.zeros(n, dtype=torch.float64)  # noqa: E731
+    return {
+        f"{p}.attn.W_Q": split_q(q, nkv, g, dh),
+        f"{p}.attn.b_Q": (zero(nkv * g * dh) if bq is None else bq).reshape(nkv, g, dh),
+        f"{p}.attn.W_K": split_kv(k, nkv, dh),
+        f"{p}.attn.b_K": (zero(nkv * dh) if bk is None else bk).reshape(nkv, dh),
+        f"{p}.attn.W_V": split_kv(v, nkv, dh),
+        f"{p}.attn.b_V": (zero(nkv * dh) if bv is None else bv).reshape(nkv, dh),
+        f"{p}.attn.W_O": split_o(o, nkv, g, dh),
+        f"{p}.attn.b_O": zero(s.d_model) if bo is None else bo,
+    }
+
+
+def attention_from_canonical(p: str, params) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, o, bq, bk, bv, bo) in nn.Linear orientation."""
+    a = lambda n: params[f"{p}.attn.{n}"]  # noqa: E731
+    return (merge_q(a("W_Q")), merge_q(a("W_K")), merge_q(a("W_V")), merge_o(a("W_O")),
+            a("b_Q").reshape(-1), a("b_K").reshape(-1), a("b_V").reshape(-1), a("b_O"))
+
+
+def fold_attention(q, k, v, bq, bk, bv, gamma, beta):
+    q, bq = fold_norm(q, bq, gamma, beta)
+    k, bk = fold_norm(k, bk, gamma, beta)
+    v, bv = fold_norm(v, bv, gamma, beta)
+    return q, k, v, bq, bk, bv
+
+
+def make_mean_free(params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+    """LayerNorm models: drop every writer's component along the all-ones vector (never read)."""
+    if not s.centred:
+        return params
+    axes = {"embed.W_E": 1, "embed.W_pos": 1, "embed.W_patch": 0, "embed.b_patch": 0, "embed.cls": 0}
+    out = {}
+    for k, t in params.items():
+        tail = k.split(".", 2)[-1]
+        axis = axes.get(k)
+        if tail in ("attn.W_O",):
+            axis = 2
+        elif tail in ("attn.b_O", "mlp.W_out", "mlp.b_out"):
+            axis = 0
+        out[k] = mean_free(t, axis) if axis is not None else t
+    return out
+
+
+def final_norm_to_canonical(w_u, b_u, gamma, beta, eps: float) -> dict[str, torch.Tensor]:
+    """Fold the final norm into the head. Without a head bias, keep beta/gamma as `final.b_norm`."""
+    out = {"norm.eps": torch.tensor(eps, dtype=torch.float64)}
+    if b_u is not None or beta is None:
+        w, b = fold_norm(w_u, b_u, gamma, beta)
+        out["head.W_U"] = w
+        if b_u is not None:
+            out["head.b_U"] = b
+        return out
+    require(bool((gamma != 0).all()), "the final norm has zero weights and the head has no bias: cannot fold its bias")
+    out["head.W_U"] = w_u * gamma
+    out["final.b_norm"] = beta / gamma
+    return out

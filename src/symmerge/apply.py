@@ -1,0 +1,51 @@
+"""`apply(spec, g, params)`: act with a group element on canonical parameters. Pure: tensors in, tensors out."""
+
+from __future__ import annotations
+
+import torch
+
+from . import SymmergeError
+from . import groups as G
+from .spec import Action, Spec
+
+
+def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> torch.Tensor:
+    """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says."""
+    if action.how == "sq":
+        return t * g.to(t.dtype) ** 2
+    m = g if action.how == "g" else G.inverse_transpose(group, g)
+    if group.kind == "scalar":
+        return t * m.to(t.dtype)
+    lead = (*action.batch_axes, action.axis)
+    x = torch.movedim(t, lead, tuple(range(len(lead))))  # (*batch, n, *rest)
+    nb = len(action.batch_axes)
+    if tuple(x.shape[: nb + 1]) != (*group.batch, group.size):
+        raise SymmergeError(
+            f"group {group.name} of size {group.size} and batch {group.batch} cannot act on axes {lead} "
+            f"of a tensor of shape {tuple(t.shape)}"
+        )
+    rest = x.shape[nb + 1 :]
+    if group.kind == "permutation":
+        idx = m.reshape(*m.shape, *([1] * len(rest))).expand(x.shape)
+        y = torch.gather(x, nb, idx)
+    elif group.kind == "diagonal":
+        y = x * m.to(x.dtype).reshape(*m.shape, *([1] * len(rest)))
+    else:
+        flat = x.reshape(*x.shape[: nb + 1], -1)  # (*batch, n, prod(rest))
+        y = (m.to(x.dtype) @ flat).reshape(x.shape)
+    return torch.movedim(y, tuple(range(len(lead))), lead)
+
+
+def apply(spec: Spec, g: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Return g·θ. Groups missing from `g` act as the identity; every tensor must be in the spec."""
+    unknown = [k for k in params if k not in spec.actions]
+    if unknown:
+        raise SymmergeError(f"canonical tensors {unknown[:3]} have no entry in the {spec.shape.arch} symmetry spec")
+    order = {n: i for i, n in enumerate(spec.application_order())}
+    out = {}
+    for name, t in params.items():
+        for a in sorted(spec.actions[name], key=lambda a: order[a.group]):
+            if a.group in g:
+                t = act(spec.groups[a.group], g[a.group], t, a)
+        out[name] = t
+    return out

@@ -1,0 +1,175 @@
+"""Checkpoint I/O: lazy safetensors reading (single file or sharded) and atomic, sharded writing.
+
+Never unpickles: a folder with only `pytorch_model.bin` is refused with instructions to convert it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from . import SymmergeError
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+#: files of a checkpoint folder that are not weights or config, copied to every output
+SIDE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "tokenizer.model", "added_tokens.json", "preprocessor_config.json", "generation_config.json", "symmerge.json",
+)
+
+
+class Checkpoint:
+    """A Hugging Face checkpoint folder, read lazily one tensor at a time."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise SymmergeError(f"{self.path} is not a folder; pass a Hugging Face checkpoint folder (config.json + *.safetensors)")
+        if not (self.path / "config.json").is_file():
+            raise SymmergeError(f"{self.path} has no config.json; pass a Hugging Face checkpoint folder")
+        self.config = load_config(self.path)
+        self._handles: dict[str, object] = {}
+        self._files = self._weight_map()
+
+    def _weight_map(self) -> dict[str, Path]:
+        index, single = self.path / INDEX, self.path / WEIGHTS
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise SymmergeError(f"{index} is not a valid safetensors index ({e}); re-save the checkpoint") from None
+            files = {k: self.path / v for k, v in weight_map.items()}
+            missing = sorted({str(f.name) for f in files.values() if not f.is_file()})
+            if missing:
+                raise SymmergeError(f"{self.path}: shards {missing} named in {INDEX} are missing; copy the complete checkpoint")
+            return files
+        if single.is_file():
+            return {k: single for k in self._open(single).keys()}
+        if list(self.path.glob("*.bin")) or list(self.path.glob("*.pt")):
+            raise SymmergeError(
+                f"{self.path} holds only pickled weights (*.bin); symmerge never unpickles. Convert once, in an "
+                "environment you trust: AutoModel.from_pretrained(path).save_pretrained(path, safe_serialization=True)"
+            )
+        raise SymmergeError(f"{self.path} has no {WEIGHTS} or {INDEX}")
+
+    def _open(self, file: Path):
+        key = str(file)
+        if key not in self._handles:
+            try:
+                self._handles[key] = safe_open(key, framework="pt")
+            except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types
+                raise SymmergeError(f"cannot read {file}: {e} (truncated or corrupt file?); re-copy the checkpoint") from None
+        return self._handles[key]
+
+    def names(self) -> list[str]:
+        return list(self._files)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def get(self, name: str) -> torch.Tensor:
+        """One tensor, as stored (fp32/fp16/bf16/fp64)."""
+        if name not in self._files:
+            raise SymmergeError(f"{self.path}: tensor {name} is missing; the checkpoint does not match its config")
+        try:
+            return self._open(self._files[name]).get_tensor(name)
+        except SafetensorError as e:
+            raise SymmergeError(f"cannot read tensor {name} from {self._files[name]}: {e}; re-copy the checkpoint") from None
+
+    def dtype(self) -> torch.dtype:
+        """The storage dtype of the first floating tensor (what outputs are written in)."""
+        for name in self._files:
+            f = self._open(self._files[name])
+            t = f.get_slice(name)
+            dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}.get(t.get_dtype())
+            if dt is not None:
+                return dt
+        return torch.float32
+
+
+def load_config(path: Path):
+    """The HF config of a local folder (defaults filled in by its config class); never remote code."""
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise SymmergeError(f"{path / 'config.json'} is not valid JSON ({e})") from None
+    if "model_type" not in raw:
+        raise SymmergeError(f"{path / 'config.json'} has no model_type; is this a Hugging Face checkpoint?")
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (ValueError, KeyError, OSError) as e:
+        raise SymmergeError(f"cannot load {path / 'config.json'}: {str(e).splitlines()[0]}") from None
+
+
+def prepare_output(out: str | os.PathLike, force: bool) -> Path:
+    """Refuse a non-empty OUT unless `force`; return the path (nothing is created yet)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise SymmergeError(f"{out} exists and is not empty; choose another folder or pass --force to replace it")
+    return out
+
+
+class AtomicFolder:
+    """Write into a temporary sibling folder; rename onto the target only when everything succeeded."""
+
+    def __init__(self, target: Path):
+        self.target = Path(target)
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        if self.target.exists():
+            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+            self.target.rename(old)
+            self.tmp.rename(self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            self.tmp.rename(self.target)
+        return False
+
+
+def write_weights(folder: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int = 2 * 1024**3) -> None:
+    """Write safetensors, sharded with an index when larger than `max_shard_bytes`."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / WEIGHTS), metadata={"format": "pt"})
+        return
+    weight_map, total = {}, 0
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    (folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def copy_side_files(src: Path, dst: Path) -> None:
+    """Tokenizer and image-processor files travel with the weights, so outputs can be evaluated."""
+    for name in SIDE_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)

@@ -1,0 +1,124 @@
+"""Load a checkpoint folder into canonical form, and export canonical tensors as a stock HF checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import SymmergeError
+from .adapters import adapter_for
+from .adapters.base import Adapter
+from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write_weights
+from .shape import ModelShape
+from .spec import Spec, build_spec
+
+
+@dataclass
+class Model:
+    """A checkpoint in canonical form: everything the algorithms need, nothing tied to nn.Module."""
+
+    path: Path | None
+    config: object  # the HF config of the source checkpoint
+    adapter: Adapter
+    shape: ModelShape
+    spec: Spec
+    params: dict[str, torch.Tensor]
+    dtype: torch.dtype = torch.float32
+    meta: dict = field(default_factory=dict)
+
+
+def hf_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def expected_tensors(config, class_name: str) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the stock HF model for this config (built on the meta device)."""
+    with torch.device("meta"):
+        model = hf_class(class_name)(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: dict[str, str]) -> None:
+    """Every tensor the HF class needs is present with the shape the config implies."""
+    expected = expected_tensors(ckpt.config, shape.hf_class)
+    for name, want in expected.items():
+        if name not in names:
+            if name == "lm_head.weight" and shape.tied:
+                continue
+            raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
+        got = tuple(ckpt._open(ckpt._files[names[name]]).get_slice(names[name]).get_shape())
+        if got != want:
+            raise SymmergeError(
+                f"{ckpt.path}: tensor {name} has shape {got} but config.json implies {want}; "
+                "fix config.json or use the checkpoint it belongs to"
+            )
+
+
+def load_model(path, check: bool = True) -> Model:
+    ckpt = Checkpoint(path)
+    adapter = adapter_for(ckpt.config)
+    shape = adapter.shape(ckpt.config)
+    names = {adapter.rename(k): k for k in ckpt.names()}
+    if check:
+        _check_tensors(ckpt, adapter, shape, names)
+
+    def get(name: str) -> torch.Tensor:
+        if name not in names:
+            raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
+        t = ckpt.get(names[name]).to(torch.float64)
+        if not torch.isfinite(t).all():
+            raise SymmergeError(f"{ckpt.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
+        return t
+
+    params = adapter.to_canonical(get, shape, lambda n: n in names)
+    meta = {}
+    if (ckpt.path / "symmerge.json").is_file():
+        meta = json.loads((ckpt.path / "symmerge.json").read_text())
+    return Model(ckpt.path, ckpt.config, adapter, shape, build_spec(shape), params, ckpt.dtype(), meta)
+
+
+def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None):
+    """(config, HF state dict) for canonical `params` (default: the model's own), cast once to `dtype`."""
+    params = model.params if params is None else params
+    config = model.adapter.export_config(model.config, model.shape, params)
+    sd = model.adapter.from_canonical(params, model.shape)
+    dtype = dtype or model.dtype
+    return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}  # no shared storage
+
+
+def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str):
+    """A stock HF model holding exactly `state_dict` (strict: every parameter must be given)."""
+    from transformers.initialization import no_init_weights
+
+    dtype = next(iter(state_dict.values())).dtype
+    with no_init_weights():  # the weights are overwritten below: skip the random initialisation
+        model = hf_class(class_name)(config)
+    model.to(dtype)
+    model.load_state_dict(state_dict, strict=True)
+    return model.eval()
+
+
+def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool = False, dtype=None,
+               extra: dict | None = None) -> Path:
+    """Write canonical `params` as a stock HF checkpoint of the model's class, atomically."""
+    out = prepare_output(out, force)
+    config, sd = export_state_dict(model, params, dtype)
+    expected = expected_tensors(config, model.shape.hf_class)
+    if set(sd) != set(expected):
+        raise SymmergeError(f"internal: export of {model.shape.hf_class} gives keys {sorted(set(sd) ^ set(expected))[:4]} that the class does not have")
+    with AtomicFolder(out) as tmp:
+        config.architectures = [model.shape.hf_class]
+        config.save_pretrained(tmp)
+        write_weights(tmp, sd)
+        if model.path is not None:
+            copy_side_files(model.path, tmp)
+        if extra is not None:
+            meta = dict(model.meta)
+            meta.update(extra)
+            (tmp / "symmerge.json").write_text(json.dumps(meta, indent=2))
+    return out

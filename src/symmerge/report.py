@@ -1,0 +1,31 @@
+"""Human- and machine-readable descriptions of models and results."""
+
+from __future__ import annotations
+
+import math
+
+from .model import Model
+
+
+def describe(model: Model) -> dict:
+    """What `symmerge inspect` prints: shape, groups by family, dimensions, parameter count."""
+    from .model import export_state_dict
+
+    _, sd = export_state_dict(model)
+    n_params = sum(t.numel() for t in sd.values())
+    families = []
+    for fam in model.spec.families():
+        members = [g for g in model.spec.groups.values() if g.family == fam]
+        g0 = members[0]
+        families.append({
+            "family": fam, "kind": g0.kind, "size": g0.size,
+            "copies": sum(math.prod(g.batch) for g in members),
+            "dimension": sum(g.dimension for g in members),
+            "constraints": list(g0.constraints), "note": g0.note,
+            "groups": [g.name for g in members],
+        })
+    return {
+        "path": str(model.path), "arch": model.shape.arch, "hf_class": model.shape.hf_class,
+        "shape": model.shape.to_dict(), "parameters": n_params, "families": families,
+        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes,
+    }

@@ -1,0 +1,46 @@
+"""`ModelShape`: everything about an architecture that its symmetry group depends on.
+
+The symmetry specification (`spec.build_spec`) is a function of this record alone, so two checkpoints
+with equal shapes have the same group and can be aligned, merged and compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    arch: str  # adapter name: "gpt2", "gpt_neox", "llama", "olmo", "vit"
+    hf_class: str  # e.g. "GPT2LMHeadModel"
+    d_model: int
+    n_layers: int
+    n_heads: int  # query heads
+    n_kv_heads: int  # key/value heads (== n_heads without GQA)
+    d_head: int
+    d_mlp: int
+    vocab: int  # vocabulary size (LMs) or number of classes (ViT)
+    norm: str  # "layernorm" (centres: residual maps must fix the all-ones vector) or "rmsnorm"
+    gated: bool  # SwiGLU MLP (gate and up projections)
+    parallel: bool  # attention and MLP read the same residual (GPT-NeoX parallel residual)
+    rotary_dims: int  # per-head dimensions rotated by RoPE (0: no RoPE)
+    rotary_layout: str  # "half": rotate_half pairs i with i + rotary_dims/2; "none"
+    tied: bool  # input embedding and LM head shared in the source checkpoint
+    eps: float  # the normalisation epsilon of the source checkpoint
+    eps_in_config: bool  # False when the architecture hard-codes eps (then no residual scale)
+    activation: str
+    clip_qkv: float | None = None  # OLMo: q, k and v are clamped elementwise
+    n_positions: int = 0  # learned absolute positions (GPT-2, ViT); 0 if none
+
+    @property
+    def q_per_kv(self) -> int:
+        """Query heads per key/value head (1 without GQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def centred(self) -> bool:
+        """True for LayerNorm models: their residual maps must fix the all-ones vector."""
+        return self.norm == "layernorm"
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,83 @@
+"""Tiny stock HF models for the tests, one factory per architecture, with randomised norm parameters
+(so that folding is exercised: fresh models have gamma = 1, beta = 0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers as T
+
+
+def _configs() -> dict:
+    return {
+        "gpt2": lambda: T.GPT2Config(n_embd=24, n_layer=2, n_head=3, vocab_size=61, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0),
+        "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            intermediate_size=48, vocab_size=61, max_position_embeddings=32,
+                                            rotary_pct=0.5, use_parallel_residual=True, bos_token_id=0, eos_token_id=0),
+        "gpt_neox_seq": lambda: T.GPTNeoXConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=2,
+                                                intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                                rotary_pct=0.25, use_parallel_residual=False, bos_token_id=0, eos_token_id=0),
+        "llama": lambda: T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        "llama_untied": lambda: T.LlamaConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                              num_key_value_heads=3, intermediate_size=40, vocab_size=61,
+                                              max_position_embeddings=32, tie_word_embeddings=False,
+                                              bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        "qwen2": lambda: T.Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+        "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+                                     vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+                                          vocab_size=61, max_position_embeddings=32, clip_qkv=0.3,
+                                          bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        "vit": lambda: T.ViTConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40,
+                                   image_size=8, patch_size=4, num_channels=1, num_labels=10),
+    }
+
+
+ARCHS = tuple(_configs())
+CLASSES = {"vit": T.ViTForImageClassification}
+
+
+def make_model(arch: str, seed: int = 0, dtype=torch.float64):
+    """A random stock HF model of the given test architecture, with non-trivial norm parameters."""
+    torch.manual_seed(seed)
+    config = _configs()[arch]()
+    cls = CLASSES.get(arch, T.AutoModelForCausalLM)
+    model = cls(config) if arch == "vit" else cls.from_config(config)
+    model.config.architectures = [type(model).__name__]
+    gen = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or ".ln_" in name or "layernorm" in name:
+                if name.endswith("weight"):
+                    p.copy_(1 + 0.5 * torch.randn(p.shape, generator=gen))
+                else:
+                    p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.mul_(3.0)  # larger weights: attention patterns far from uniform, so errors show
+    return model.to(dtype).eval()
+
+
+def save_model(model, path: Path) -> Path:
+    model.save_pretrained(path)
+    return path
+
+
+def example_inputs(arch: str, seed: int = 0, batch: int = 2) -> dict:
+    gen = torch.Generator().manual_seed(seed + 7)
+    if arch == "vit":
+        return {"pixel_values": torch.randn(batch, 1, 8, 8, generator=gen, dtype=torch.float64)}
+    return {"input_ids": torch.randint(0, 61, (batch, 12), generator=gen)}
+
+
+def logits(model, inputs: dict) -> torch.Tensor:
+    x = {k: (v.to(next(model.parameters()).dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+    with torch.no_grad():
+        return model(**x).logits
