@@ -169,9 +169,20 @@ def _prepare(args: TrainArgs, p: Preset, out: Path) -> tuple[Path, dict | None]:
     return Path(tempfile.mkdtemp(prefix=".symmerge-skeleton-", dir=out.parent if out.parent.exists() else None)), None
 
 
-def _train_items(args: TrainArgs, skeleton: Path, context: int | None) -> dict[str, torch.Tensor]:
-    items = load_items(skeleton, args.data, "train", context)
-    return items
+def _start(args: TrainArgs, p: Preset, skeleton: Path, state_dir: Path):
+    """A fresh run: skeleton (in a temporary folder), initial model, training items, state at step 0."""
+    try:
+        _make_skeleton(args, p, skeleton)
+        model = _new_model(args, skeleton)
+        opt = _optimizer(model, p, args.lr or p.lr)
+        items = load_items(skeleton, args.data, "train", p.context or None)
+        info = {"run": args.run_key(p), "losses": [], "position": {"epoch": 0, "batch": 0}, "wall_s": 0.0,
+                "threads": torch.get_num_threads(), "n_train": len(items["labels"])}
+        save_state(model, opt, 0, info, state_dir, skeleton)
+    finally:
+        shutil.rmtree(skeleton, ignore_errors=True)
+    info["step"] = 0
+    return model, opt, items, info
 
 
 def _step(model, opt, batch: dict, lr: float, clip: float) -> float:
@@ -230,28 +241,20 @@ def train(args: TrainArgs) -> Path:
     torch.use_deterministic_algorithms(True)
     try:
         if info is None:
-            _make_skeleton(args, p, skeleton)
-        model = _new_model(args, skeleton)
-        opt = _optimizer(model, p, args.lr or p.lr)
-        context = p.context or None
-        items = _train_items(args, skeleton, context)
-        if info is None:
-            info = {"run": args.run_key(p), "losses": [], "position": {"epoch": 0, "batch": 0}, "wall_s": 0.0,
-                    "threads": torch.get_num_threads(), "n_train": len(items["labels"])}
-            save_state(model, opt, 0, info, state_dir, skeleton)
-            shutil.rmtree(skeleton)
-            info["step"] = 0
+            model, opt, items, info = _start(args, p, skeleton, state_dir)
         else:
+            model = _new_model(args, skeleton)
+            opt = _optimizer(model, p, args.lr or p.lr)
             info = load_state(model, opt, state_dir)
+            items = load_items(skeleton, args.data, "train", p.context or None)
         skeleton = state_dir / SKELETON
         t0 = time.time()
         info = _loop(args, p, model, opt, items, state_dir, skeleton, info)
         info["wall_s"] += time.time() - t0
         if info["step"] < info["run"]["steps"]:
             return out  # interrupted on purpose (stop_after): the state is saved, no model written
-        save_state(model, opt, info["step"], info, state_dir, skeleton)
         model.eval()
-        evals = _final_eval(model, skeleton, args, info["run"]["batch_size"], context)
+        evals = _final_eval(model, skeleton, args, info["run"]["batch_size"], p.context or None)
     finally:
         torch.use_deterministic_algorithms(deterministic)
     _write_output(model, out, skeleton, args, p, info, evals)
