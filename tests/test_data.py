@@ -114,6 +114,8 @@ def test_text_splits_deterministic_disjoint_and_cover(tmp_path, text, text_file)
     batch = load_batches(model, str(text_file), "train", 3, seq_len=16, max_batches=2)
     assert len(batch) == 2 and batch[0]["input_ids"].shape == (3, 16)
     assert torch.equal(batch[0]["labels"], batch[0]["input_ids"])  # HF shift convention
+    with pytest.raises(SymmergeError, match="context length"):
+        load_batches(model, str(text_file), "test", 4, seq_len=64)
     tok = T.AutoTokenizer.from_pretrained(model)
     assert tok.decode(parts["all"][0].tolist()) == text[:32]  # windows are the text in order
 

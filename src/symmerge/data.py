@@ -108,7 +108,10 @@ def load_items(model_dir, data: str, split: str = "test", seq_len: int | None = 
         return {"pixel_values": preprocess(x, cfg, int(config.image_size), int(config.num_channels)), "labels": y}
     if is_image_source(data):
         raise SymmergeError(f"{model_dir} is a language model but {data} is an image data set; pass a text file")
-    windows = windows_of(_token_ids(model_dir, data), seq_len or context_length(config), split, source=data)
+    ctx = context_length(config)
+    if seq_len is not None and not 2 <= seq_len <= ctx:
+        raise SymmergeError(f"--seq-len {seq_len} is outside 2..{ctx} (the model's context length)")
+    windows = windows_of(_token_ids(model_dir, data), seq_len or ctx, split, source=data)
     _check_vocab(windows, config, model_dir)
     return {"input_ids": windows, "labels": windows.clone()}
 
