@@ -1,7 +1,7 @@
 """Training throughput of the `small` presets: tokens/s (language models) and images/s (ViT).
 
 Times `--steps` optimiser steps (after `--warmup` untimed ones) of the stock HF model with the preset's
-shape and batch size, on random token ids (vocabulary `--vocab`) or random 28x28 images, with the same
+shape and batch size, (median step time) on random token ids (vocabulary `--vocab`) or random 28x28 images, with the same
 step as `symmerge train` (forward with labels, backward, clip, AdamW). Prints one line per arch.
 
     PYTHONPATH=src python benchmarks/train_throughput.py --threads 2 --steps 5
@@ -38,11 +38,13 @@ def bench(arch: str, preset: str, vocab: int, steps: int, warmup: int, batch_siz
     opt = _optimizer(model, p, p.lr)
     for _ in range(warmup):
         _step(model, opt, batch, p.lr, p.clip)
-    t0 = time.perf_counter()
+    times = []
     for _ in range(steps):
+        t0 = time.perf_counter()
         _step(model, opt, batch, p.lr, p.clip)
-    dt = time.perf_counter() - t0
-    return per_step * steps / dt, f"{unit} ({dt / steps:.2f} s/step, batch {bs})"
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]  # median: robust to other processes on a shared machine
+    return per_step / dt, f"{unit} (median {dt:.2f} s/step of {steps}, batch {bs})"
 
 
 def main() -> None:
@@ -51,7 +53,7 @@ def main() -> None:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--vocab", type=int, default=50257, help="vocabulary size (50257 = GPT-2 BPE, 65 = Shakespeare chars)")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocator and oneDNN warm-up)")
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args()
