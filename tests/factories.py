@@ -16,7 +16,7 @@ def _configs() -> dict:
         "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                             intermediate_size=48, vocab_size=61, max_position_embeddings=32,
                                             rotary_pct=0.5, use_parallel_residual=True, bos_token_id=0, eos_token_id=0),
-        "gpt_neox_seq": lambda: T.GPTNeoXConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=2,
+        "gpt_neox_seq": lambda: T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                 intermediate_size=40, vocab_size=61, max_position_embeddings=32,
                                                 rotary_pct=0.25, use_parallel_residual=False, bos_token_id=0, eos_token_id=0),
         "llama": lambda: T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -48,8 +48,9 @@ class GPT2Adapter(Adapter):
                     f"{p}.mlp.W_out": get(f"{hf}.mlp.c_proj.weight").T, f"{p}.mlp.b_out": get(f"{hf}.mlp.c_proj.bias")})
         return make_mean_free(out, s)
 
-    def final_to_canonical(self, get, s, has):
-        w_u = get("lm_head.weight") if has("lm_head.weight") else get("transformer.wte.weight")
+    def final_to_canonical(self, get, s):
+        w_u = get("lm_head.weight", None)
+        w_u = get("transformer.wte.weight") if w_u is None else w_u
         return final_norm_to_canonical(w_u, None, get("transformer.ln_f.weight"), get("transformer.ln_f.bias"), s.eps)
 
     def from_canonical(self, params, s):
