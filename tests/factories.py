@@ -43,13 +43,20 @@ ARCHS = tuple(_configs())
 CLASSES = {"vit": T.ViTForImageClassification}
 
 
+def make_config(arch: str):
+    config = _configs()[arch]()
+    config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
+                             "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
+                             "vit": "ViTForImageClassification"}[config.model_type]]
+    return config
+
+
 def make_model(arch: str, seed: int = 0, dtype=torch.float64):
     """A random stock HF model of the given test architecture, with non-trivial norm parameters."""
     torch.manual_seed(seed)
-    config = _configs()[arch]()
+    config = make_config(arch)
     cls = CLASSES.get(arch, T.AutoModelForCausalLM)
     model = cls(config) if arch == "vit" else cls.from_config(config)
-    model.config.architectures = [type(model).__name__]
     gen = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for name, p in model.named_parameters():
