@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 import torch
-from factories import ARCHS, example_inputs, logits
 
+from factories import ARCHS, example_inputs, logits
 from symmerge import groups as G
 from symmerge.apply import apply
 from symmerge.model import build_hf_model, export_state_dict, load_model
@@ -46,7 +46,6 @@ def references(loaded):
 def families_of(arch: str) -> list[str]:
     """The symmetry families of a test architecture, read off its config alone."""
     from factories import make_config
-
     from symmerge.adapters import adapter_for
     from symmerge.spec import build_spec
 
@@ -142,10 +141,11 @@ def test_reader_acted_on_as_writer_changes_logits(arch, family, suffix, loaded, 
     g = random_element(model.spec, torch.Generator().manual_seed(3), [family])
     if family == "residual_scale":
         # readers treated as writers: they are scaled like the writers
-        spec = model.spec
-        actions = {k: v + ([dataclasses.replace(v[0], group="residual.scale", how="g")] if any(a.how == "inv_t" and a.group == "residual.rotation" for a in v) else [])
-                   for k, v in spec.actions.items()}
-        bad = dataclasses.replace(spec, actions=actions)
+        def scaled_like_writer(acts):
+            reads = [a for a in acts if a.group == "residual.rotation" and a.how == "inv_t"]
+            return acts + [dataclasses.replace(a, group="residual.scale", how="g") for a in reads]
+
+        bad = dataclasses.replace(model.spec, actions={k: scaled_like_writer(v) for k, v in model.spec.actions.items()})
     else:
         bad = _flip(model.spec, suffix, "inv_t", "g")
     assert _changed(model, bad, g, arch, references) > 100

@@ -47,7 +47,12 @@ class Adapter:
     def final_to_canonical(self, get: Getter, s: ModelShape) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+    def ends_from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+        """HF tensors outside the blocks: embeddings, final norm (unit weight), head."""
+        raise NotImplementedError
+
+    def block_from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape, i: int) -> dict[str, torch.Tensor]:
+        """HF tensors of block i (norms exported with unit weight and zero bias)."""
         raise NotImplementedError
 
     def export_config(self, config, s: ModelShape, params: dict[str, torch.Tensor]):
@@ -61,6 +66,12 @@ class Adapter:
         for pattern, repl in self.renames:
             key = re.sub(pattern, repl, key)
         return key
+
+    def from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+        sd = self.ends_from_canonical(params, s)
+        for i in range(s.n_layers):
+            sd.update(self.block_from_canonical(params, s, i))
+        return sd
 
     def to_canonical(self, get: Getter, s: ModelShape) -> dict[str, torch.Tensor]:
         params = self.embed_to_canonical(get, s)

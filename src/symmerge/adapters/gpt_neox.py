@@ -14,8 +14,17 @@ import torch
 
 from ..canonical import fold_norm
 from ..shape import ModelShape
-from .base import (Adapter, attention_from_canonical, attention_to_canonical, final_norm_to_canonical, fold_attention,
-                   make_mean_free, require, rotary_dims, any_attention_bias)
+from .base import (
+    Adapter,
+    any_attention_bias,
+    attention_from_canonical,
+    attention_to_canonical,
+    final_norm_to_canonical,
+    fold_attention,
+    make_mean_free,
+    require,
+    rotary_dims,
+)
 
 
 class GPTNeoXAdapter(Adapter):
@@ -62,27 +71,26 @@ class GPTNeoXAdapter(Adapter):
         ln = (get("gpt_neox.final_layer_norm.weight"), get("gpt_neox.final_layer_norm.bias"))
         return final_norm_to_canonical(w_u, None, *ln, s.eps)
 
-    def from_canonical(self, params, s):
+    def ends_from_canonical(self, params, s):
+        return {"gpt_neox.embed_in.weight": params["embed.W_E"],
+                "gpt_neox.final_layer_norm.weight": torch.ones(s.d_model, dtype=torch.float64),
+                "gpt_neox.final_layer_norm.bias": params["final.b_norm"], "lm_head.weight": params["head.W_U"]}
+
+    def block_from_canonical(self, params, s, i):
         ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
         h, dh, d = s.n_heads, s.d_head, s.d_model
-        sd = {"gpt_neox.embed_in.weight": params["embed.W_E"]}
-        for i in range(s.n_layers):
-            p, hf = f"blocks.{i}", f"gpt_neox.layers.{i}"
-            q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-            w = torch.stack([t.reshape(h, dh, d) for t in (q, k, v)], 1).reshape(3 * h * dh, d)  # per-head fused
-            b = torch.stack([t.reshape(h, dh) for t in (bq, bk, bv)], 1).reshape(3 * h * dh)
-            sd.update({
-                f"{hf}.input_layernorm.weight": ones, f"{hf}.input_layernorm.bias": zeros,
-                f"{hf}.post_attention_layernorm.weight": ones, f"{hf}.post_attention_layernorm.bias": zeros,
-                f"{hf}.attention.query_key_value.weight": w, f"{hf}.attention.query_key_value.bias": b,
-                f"{hf}.attention.dense.weight": o, f"{hf}.attention.dense.bias": bo,
-                f"{hf}.mlp.dense_h_to_4h.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.dense_h_to_4h.bias": params[f"{p}.mlp.b_in"],
-                f"{hf}.mlp.dense_4h_to_h.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.dense_4h_to_h.bias": params[f"{p}.mlp.b_out"],
-            })
-        sd["gpt_neox.final_layer_norm.weight"] = ones
-        sd["gpt_neox.final_layer_norm.bias"] = params["final.b_norm"]
-        sd["lm_head.weight"] = params["head.W_U"]
-        return sd
+        p, hf = f"blocks.{i}", f"gpt_neox.layers.{i}"
+        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+        w = torch.stack([t.reshape(h, dh, d) for t in (q, k, v)], 1).reshape(3 * h * dh, d)  # per-head fused
+        b = torch.stack([t.reshape(h, dh) for t in (bq, bk, bv)], 1).reshape(3 * h * dh)
+        return {
+            f"{hf}.input_layernorm.weight": ones, f"{hf}.input_layernorm.bias": zeros,
+            f"{hf}.post_attention_layernorm.weight": ones, f"{hf}.post_attention_layernorm.bias": zeros,
+            f"{hf}.attention.query_key_value.weight": w, f"{hf}.attention.query_key_value.bias": b,
+            f"{hf}.attention.dense.weight": o, f"{hf}.attention.dense.bias": bo,
+            f"{hf}.mlp.dense_h_to_4h.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.dense_h_to_4h.bias": params[f"{p}.mlp.b_in"],
+            f"{hf}.mlp.dense_4h_to_h.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.dense_4h_to_h.bias": params[f"{p}.mlp.b_out"],
+        }
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

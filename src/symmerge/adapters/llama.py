@@ -53,22 +53,26 @@ def decoder_block_to_canonical(get, s: ModelShape, i: int, ln1, ln2) -> dict[str
     return out
 
 
-def decoder_from_canonical(params, s: ModelShape, norm_weights: bool) -> dict[str, torch.Tensor]:
-    """All tensors a Llama-layout class could hold; the caller keeps those the class expects."""
-    ones = torch.ones(s.d_model, dtype=torch.float64)
+def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool) -> dict[str, torch.Tensor]:
     sd = {"model.embed_tokens.weight": params["embed.W_E"], "lm_head.weight": params["head.W_U"]}
     if norm_weights:
-        sd["model.norm.weight"] = ones
-    for i in range(s.n_layers):
-        p, hf = f"blocks.{i}", f"model.layers.{i}"
-        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-        for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
-            sd[f"{hf}.self_attn.{n}_proj.weight"], sd[f"{hf}.self_attn.{n}_proj.bias"] = w, b
-        for n, c in (("gate", "gate"), ("up", "in"), ("down", "out")):
-            sd[f"{hf}.mlp.{n}_proj.weight"], sd[f"{hf}.mlp.{n}_proj.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
-        if norm_weights:
-            sd[f"{hf}.input_layernorm.weight"] = ones
-            sd[f"{hf}.post_attention_layernorm.weight"] = ones
+        sd["model.norm.weight"] = torch.ones(s.d_model, dtype=torch.float64)
+    return sd
+
+
+def decoder_block_from_canonical(params, s: ModelShape, i: int, norm_weights: bool) -> dict[str, torch.Tensor]:
+    """All tensors a Llama-layout block could hold; `keep_expected` keeps those the class has."""
+    p, hf = f"blocks.{i}", f"model.layers.{i}"
+    q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+    sd = {}
+    for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
+        sd[f"{hf}.self_attn.{n}_proj.weight"], sd[f"{hf}.self_attn.{n}_proj.bias"] = w, b
+    for n, c in (("gate", "gate"), ("up", "in"), ("down", "out")):
+        sd[f"{hf}.mlp.{n}_proj.weight"], sd[f"{hf}.mlp.{n}_proj.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
+    if norm_weights:
+        ones = torch.ones(s.d_model, dtype=torch.float64)
+        sd[f"{hf}.input_layernorm.weight"] = ones
+        sd[f"{hf}.post_attention_layernorm.weight"] = ones
     return sd
 
 
@@ -93,8 +97,11 @@ class LlamaAdapter(Adapter):
         w_u = get("model.embed_tokens.weight") if w_u is None else w_u
         return final_norm_to_canonical(w_u, None, get("model.norm.weight"), None, s.eps)
 
-    def from_canonical(self, params, s):
-        return decoder_from_canonical(params, s, norm_weights=True)
+    def ends_from_canonical(self, params, s):
+        return decoder_ends_from_canonical(params, s, norm_weights=True)
+
+    def block_from_canonical(self, params, s, i):
+        return decoder_block_from_canonical(params, s, i, norm_weights=True)
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

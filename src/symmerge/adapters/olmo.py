@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..shape import ModelShape
 from .base import Adapter, make_mean_free
-from .llama import _decoder_shape, decoder_block_to_canonical, decoder_from_canonical
+from .llama import _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
 
 
 class OlmoAdapter(Adapter):
@@ -31,5 +31,8 @@ class OlmoAdapter(Adapter):
         w_u = get("lm_head.weight", None)
         return {"head.W_U": get("model.embed_tokens.weight") if w_u is None else w_u}
 
-    def from_canonical(self, params, s):
-        return decoder_from_canonical(params, s, norm_weights=False)
+    def ends_from_canonical(self, params, s):
+        return decoder_ends_from_canonical(params, s, norm_weights=False)
+
+    def block_from_canonical(self, params, s, i):
+        return decoder_block_from_canonical(params, s, i, norm_weights=False)

@@ -13,8 +13,16 @@ import torch
 
 from ..canonical import fold_norm
 from ..shape import ModelShape
-from .base import (Adapter, any_attention_bias, attention_from_canonical, attention_to_canonical,
-                   final_norm_to_canonical, fold_attention, make_mean_free, require)
+from .base import (
+    Adapter,
+    any_attention_bias,
+    attention_from_canonical,
+    attention_to_canonical,
+    final_norm_to_canonical,
+    fold_attention,
+    make_mean_free,
+    require,
+)
 
 
 class ViTAdapter(Adapter):
@@ -67,28 +75,31 @@ class ViTAdapter(Adapter):
         return final_norm_to_canonical(get("classifier.weight"), get("classifier.bias"),
                                        get("vit.layernorm.weight"), get("vit.layernorm.bias"), s.eps)
 
-    def from_canonical(self, params, s):
-        ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
+    def ends_from_canonical(self, params, s):
         e = "vit.embeddings"
-        sd = {
+        return {
             f"{e}.patch_embeddings.projection.weight": params["embed.W_patch"],
             f"{e}.patch_embeddings.projection.bias": params["embed.b_patch"],
             f"{e}.cls_token": params["embed.cls"].reshape(1, 1, -1),
             f"{e}.position_embeddings": params["embed.W_pos"].unsqueeze(0),
+            "vit.layernorm.weight": torch.ones(s.d_model, dtype=torch.float64),
+            "vit.layernorm.bias": torch.zeros(s.d_model, dtype=torch.float64),
+            "classifier.weight": params["head.W_U"], "classifier.bias": params["head.b_U"],
         }
-        for i in range(s.n_layers):
-            p, hf = f"blocks.{i}", f"vit.layers.{i}"
-            q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-            for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
-                sd[f"{hf}.attention.{n}_proj.weight"], sd[f"{hf}.attention.{n}_proj.bias"] = w, b
-            sd.update({
-                f"{hf}.layernorm_before.weight": ones, f"{hf}.layernorm_before.bias": zeros,
-                f"{hf}.layernorm_after.weight": ones, f"{hf}.layernorm_after.bias": zeros,
-                f"{hf}.mlp.fc1.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.fc1.bias": params[f"{p}.mlp.b_in"],
-                f"{hf}.mlp.fc2.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.fc2.bias": params[f"{p}.mlp.b_out"],
-            })
-        sd["vit.layernorm.weight"], sd["vit.layernorm.bias"] = ones, zeros
-        sd["classifier.weight"], sd["classifier.bias"] = params["head.W_U"], params["head.b_U"]
+
+    def block_from_canonical(self, params, s, i):
+        ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
+        p, hf = f"blocks.{i}", f"vit.layers.{i}"
+        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+        sd = {}
+        for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
+            sd[f"{hf}.attention.{n}_proj.weight"], sd[f"{hf}.attention.{n}_proj.bias"] = w, b
+        sd.update({
+            f"{hf}.layernorm_before.weight": ones, f"{hf}.layernorm_before.bias": zeros,
+            f"{hf}.layernorm_after.weight": ones, f"{hf}.layernorm_after.bias": zeros,
+            f"{hf}.mlp.fc1.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.fc1.bias": params[f"{p}.mlp.b_in"],
+            f"{hf}.mlp.fc2.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.fc2.bias": params[f"{p}.mlp.b_out"],
+        })
         return sd
 
     def export_config(self, config, s, params):
