@@ -55,12 +55,13 @@ def _expected_tensors(config_json: str, class_name: str) -> tuple:
 def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: dict[str, str]) -> None:
     """Every tensor the HF class needs is present with the shape the config implies."""
     expected = expected_tensors(ckpt.config, shape.hf_class)
+    shapes = ckpt.shapes()
     for name, want in expected.items():
         if name not in names:
             if name == "lm_head.weight" and shape.tied:
                 continue
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        got = tuple(ckpt._open(ckpt._files[names[name]]).get_slice(names[name]).get_shape())
+        got = shapes[names[name]]
         if got != want:
             raise SymmergeError(
                 f"{ckpt.path}: tensor {name} has shape {got} but config.json implies {want}; "
