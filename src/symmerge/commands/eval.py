@@ -24,15 +24,13 @@ def jsonable(d: dict) -> dict:
 
 
 def run(args) -> int:
-    from ..data import is_vision, load_batches
-    from ..evaluate import evaluate
-    from ..io import load_config
-    from ..model import hf_class
-
     from pathlib import Path
 
     from .. import SymmergeError
-    from ..io import Checkpoint
+    from ..data import is_vision, load_batches
+    from ..evaluate import evaluate
+    from ..io import Checkpoint, load_config
+    from ..model import hf_class
 
     ckpt = Checkpoint(args.model)  # refuses pickles and folders without safetensors
     batches = load_batches(args.model, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
