@@ -104,3 +104,27 @@ def test_interpolated_export_is_the_stock_model_of_the_average(model_dirs):
     hf = build_hf_model(cfg, sd, a.shape.hf_class)
     assert json.loads(cfg.to_json_string())["layer_norm_eps"] == pytest.approx(float(mid["norm.eps"]))
     assert all(torch.equal(hf.state_dict()[k], v) for k, v in sd.items())
+
+
+def test_barrier_cli_json_plot_and_errors(trained_gpt2, model_dirs, tmp_path, capsys):
+    path, _ = trained_gpt2
+    text = path.parent / "shakespeare.txt"
+    moved = tmp_path / "moved"
+    assert main(["transform", str(path), "-o", str(moved), "--seed", "1"]) == 0
+    report, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["barrier", str(path), str(moved), "--data", str(text), "--points", "5", "--max-batches", "2",
+                 "--json", str(report), "--plot", str(png)]) == 0
+    r = json.loads(report.read_text())
+    for key in ("barrier", "lambdas", "loss", "accuracy", "accuracy_barrier"):
+        assert key in r
+    assert r["lambdas"] == [0.0, 0.25, 0.5, 0.75, 1.0] and len(r["loss"]) == 5
+    assert abs(r["loss"][0] - r["loss"][-1]) < 1e-4  # the transformed copy computes the same function
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+    capsys.readouterr()
+    # different architectures
+    assert main(["barrier", str(path), str(model_dirs["gpt_neox"]), "--data", str(text)]) == 2
+    assert "same architecture" in capsys.readouterr().err
+    # a model folder without a tokenizer
+    assert main(["barrier", str(model_dirs["gpt2"]), str(model_dirs["gpt2"]), "--data", str(text)]) == 2
+    assert "tokenizer" in capsys.readouterr().err
