@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import SymmergeError
@@ -113,7 +114,7 @@ def load_items(model_dir, data: str, split: str = "test", seq_len: int | None = 
         raise SymmergeError(f"--seq-len {seq_len} is outside 2..{ctx} (the model's context length)")
     windows = windows_of(_token_ids(model_dir, data), seq_len or ctx, split, source=data)
     _check_vocab(windows, config, model_dir)
-    return {"input_ids": windows, "labels": windows.clone()}
+    return {"input_ids": windows.clone(), "labels": windows.clone()}  # copies: the memoised ids stay intact
 
 
 def _token_ids(model_dir: Path, data: str) -> torch.Tensor:
@@ -186,7 +187,7 @@ def _hf_items(model_dir: Path, config, name: str, split: str, seq_len: int | Non
         raise SymmergeError(f"cannot load dataset {name} split {hf_split}: {str(e).splitlines()[0]}") from None
     if is_vision(config):
         col = "image" if "image" in ds.column_names else "img"
-        x = torch.stack([torch.as_tensor(__import__("numpy").asarray(im, dtype="float32")) for im in ds[col]])
+        x = torch.stack([torch.as_tensor(np.asarray(im, dtype=np.float32)) for im in ds[col]])
         y = torch.as_tensor(ds["label"], dtype=torch.int64)
         cfg = read_processor_config(model_dir)
         return {"pixel_values": preprocess(x, cfg, int(config.image_size), int(config.num_channels)), "labels": y}

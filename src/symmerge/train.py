@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -245,6 +246,10 @@ def train(args: TrainArgs) -> Path:
             model = _new_model(args, skeleton)
             opt = _optimizer(model, p, args.lr or p.lr)
             info = load_state(model, opt, state_dir)
+            if info["threads"] != torch.get_num_threads():
+                print(f"symmerge train: warning: the run started with {info['threads']} threads, resuming with "
+                      f"{torch.get_num_threads()}; results may differ in the last bits (pass --threads "
+                      f"{info['threads']})", file=sys.stderr)
             items = load_items(skeleton, args.data, "train", p.context or None)
         skeleton = state_dir / SKELETON
         t0 = time.time()

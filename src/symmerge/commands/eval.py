@@ -38,12 +38,17 @@ def run(args) -> int:
     names = getattr(config, "architectures", None) or []
     if not names:
         raise SymmergeError(f"{args.model}/config.json names no architectures; cannot pick the model class")
-    model = hf_class(names[0]).from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True)
+    try:
+        cls = hf_class(names[0])
+    except AttributeError:
+        raise SymmergeError(f"{args.model}: transformers has no class {names[0]} (config.json architectures)") from None
+    model = cls.from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True)
     res = evaluate(model, batches)
     unit = "image" if is_vision(config) else "token"
     print(f"{args.model} on {args.data} [{args.split}]: loss/{unit} {res['loss']:.4f} ± {res['loss_se']:.4f}, "
           f"accuracy {res['accuracy']:.4f} ± {res['accuracy_se']:.4f} "
           f"({res['n_items']} {'images' if unit == 'image' else 'sequences'}, {res['n_scored']} scored, {res['n_batches']} batches)")
     if args.json:
-        Path(args.json).write_text(json.dumps(jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split}), indent=2) + "\n")
+        rec = jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split})
+        Path(args.json).write_text(json.dumps(rec, indent=2) + "\n")
     return 0
