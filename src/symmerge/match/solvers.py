@@ -1,0 +1,146 @@
+"""Exact solvers for one group given all the others, one per group kind. Pure functions over float64 tensors.
+
+Notation: `Xa`, `Xb` are the tensors on the side the element acts on as `G` ("g"), flattened to
+`[*batch, n, m]` (the group's axis second to last); `Ya`, `Yb` the side it acts on as `G^{-T}`
+("inv_t"). A is the target, B the model being moved.
+
+- permutations: `linear_assignment` maximises `sum_i S[i, p[i]]` (scipy's Jonker-Volgenant
+  `linear_sum_assignment`; see benchmarks/assignment.py for the pure-torch auction it beat);
+- orthogonal maps: `procrustes` maximises `tr(O^T C)` (polar factor of C), optionally fixing the
+  all-ones vector (LayerNorm models): `O = 11^T/n + U R U^T`, Procrustes for `R` in the complement;
+- invertible maps, diagonals and scalars: the *balanced least squares*
+
+      min_G  ||G Xb - Xa||^2 + ||G^T Ya - Yb||^2
+
+  The exact objective `||G Xb - Xa||^2 + ||G^{-T} Yb - Ya||^2` is not convex in G and has no closed
+  form. Measuring the reader-side error in B's frame instead (`Yb ≈ G^T Ya` is `Ya ≈ G^{-T} Yb`
+  multiplied through by G^T) makes it linear in G, keeps both sides in the fit (so G is neither
+  driven to 0 nor blown up, as fitting one side alone would allow when that side is rank-deficient),
+  and is exact whenever an exact G exists. Its normal equations are the Sylvester equation
+  `G (Xb Xb^T) + (Ya Ya^T) G = Xa Xb^T + Ya Yb^T`, solved in the eigenbases of the two PSD Gram
+  matrices: unique as soon as one of them is positive definite, since eigenvalues then sum to > 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from ..groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones, rope_blocks
+
+
+def linear_assignment(score: torch.Tensor) -> torch.Tensor:
+    """`p` (int64 `[n]`) maximising `sum_i score[i, p[i]]` over permutations."""
+    rows, cols = linear_sum_assignment(score.detach().cpu().numpy(), maximize=True)
+    p = np.empty(len(rows), dtype=np.int64)
+    p[rows] = cols
+    return torch.from_numpy(p)
+
+
+def procrustes(c: torch.Tensor, fixes_ones: bool = False) -> torch.Tensor:
+    """Orthogonal `O` maximising `tr(O^T c)`; with `fixes_ones`, over the maps with `O 1 = 1`."""
+    if fixes_ones:
+        u = ones_complement_basis(c.shape[-1])  # [n, n-1]
+        return orthogonal_fixing_ones(procrustes(u.T @ c @ u))
+    w, _, vh = torch.linalg.svd(c)
+    return w @ vh
+
+
+def _sylvester_psd(gx: torch.Tensor, gy: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """Solve `G gx + gy G = rhs` for PSD `gx`, `gy` (batched) in their eigenbases."""
+    lx, ux = torch.linalg.eigh(gx)
+    ly, uy = torch.linalg.eigh(gy)
+    denom = ly.clamp_min(0).unsqueeze(-1) + lx.clamp_min(0).unsqueeze(-2)  # [.., i (gy), j (gx)]
+    floor = torch.finfo(DTYPE).eps * denom.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-300)
+    rot = uy.transpose(-1, -2) @ rhs @ ux
+    return uy @ (rot / denom.clamp_min(floor)) @ ux.transpose(-1, -2)
+
+
+def balanced_lstsq(xa, xb, ya, yb) -> torch.Tensor:
+    """Full invertible `G [*batch, n, n]` minimising `||G xb - xa||^2 + ||G^T ya - yb||^2`."""
+    t = lambda m: m.transpose(-1, -2)  # noqa: E731
+    return _sylvester_psd(xb @ t(xb), ya @ t(ya), xa @ t(xb) + ya @ t(yb))
+
+
+def balanced_diagonal(xa, xb, ya, yb) -> torch.Tensor:
+    """Diagonal `d [*batch, n]`: the same objective with `G = diag(d)`, entry by entry."""
+    num = (xa * xb).sum(-1) + (ya * yb).sum(-1)
+    den = (xb * xb).sum(-1) + (ya * ya).sum(-1)
+    return num / den
+
+
+def _pair_rows(x: torch.Tensor, h: int):
+    """Rotary pairs (i, i+h) of `x [.., n, m]` as `[.., h, 2, m]`, and `J x` on each pair (J = [[0,-1],[1,0]])."""
+    p = torch.stack([x[..., :h, :], x[..., h : 2 * h, :]], dim=-2)
+    jp = torch.stack([-p[..., 1, :], p[..., 0, :]], dim=-2)
+    return p, jp
+
+
+def _rope_pairs_lstsq(xa, xb, ya, yb, h):
+    """Scaled rotations `a I + b J` on each pair: decoupled 2-parameter least squares."""
+    pxa, _ = _pair_rows(xa, h)
+    pxb, jxb = _pair_rows(xb, h)
+    pya, jya = _pair_rows(ya, h)
+    pyb, _ = _pair_rows(yb, h)
+    dot = lambda u, v: (u * v).sum((-1, -2))  # noqa: E731
+    den = dot(pxb, pxb) + dot(pya, pya)  # <X, JX> = 0, so the normal equations are diagonal
+    a = (dot(pxb, pxa) + dot(pya, pyb)) / den
+    b = (dot(jxb, pxa) - dot(jya, pyb)) / den  # (aI + bJ)^T = aI - bJ on the reader side
+    return a, b
+
+
+def rope_lstsq(group, xa, xb, ya, yb) -> torch.Tensor:
+    """The balanced least squares over maps that commute with RoPE (see `groups.rope_blocks`).
+
+    The maps are block diagonal (one 2x2 block per rotary pair, one full block on the other dims),
+    so the objective splits into independent blocks.
+    """
+    r, n = group.rotary_dims, group.size
+    a, b = _rope_pairs_lstsq(xa, xb, ya, yb, r // 2)
+    free = balanced_lstsq(xa[..., r:, :], xb[..., r:, :], ya[..., r:, :], yb[..., r:, :]) if n > r else \
+        torch.zeros(*xa.shape[:-2], 0, 0, dtype=DTYPE)
+    return rope_blocks(group, a, b, free)
+
+
+def signed_permutation(c: torch.Tensor) -> torch.Tensor:
+    """Signed permutation matrices `S [*batch, n, n]` maximising `tr(S^T c)`."""
+    flat = c.reshape(-1, *c.shape[-2:])
+    out = torch.zeros_like(flat)
+    for k, m in enumerate(flat):
+        p = linear_assignment(m.abs())
+        rows = torch.arange(m.shape[0])
+        out[k, rows, p] = torch.where(m[rows, p] < 0, -1.0, 1.0).to(DTYPE)
+    return out.reshape(c.shape)
+
+
+def signed_rope(group, xa, xb, ya, yb) -> torch.Tensor:
+    """clip_qkv with RoPE: a quarter turn on each rotary pair, a signed permutation on the other dims.
+
+    These maps are orthogonal (`S^{-T} = S`), so the best one maximises `<Xa, S Xb> + <Ya, S Yb>`.
+    """
+    r, n, h = group.rotary_dims, group.size, group.rotary_dims // 2
+    pxa, _ = _pair_rows(xa, h)
+    pxb, jxb = _pair_rows(xb, h)
+    pya, _ = _pair_rows(ya, h)
+    pyb, jyb = _pair_rows(yb, h)
+    dot = lambda u, v: (u * v).sum((-1, -2))  # noqa: E731
+    ca, cb = dot(pxa, pxb) + dot(pya, pyb), dot(pxa, jxb) + dot(pya, jyb)  # value = a ca + b cb
+    turns = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]], dtype=DTYPE)
+    best = (turns[:, 0] * ca.unsqueeze(-1) + turns[:, 1] * cb.unsqueeze(-1)).argmax(-1)
+    a, b = turns[best, 0], turns[best, 1]
+    t = lambda m: m.transpose(-1, -2)  # noqa: E731
+    c_free = xa[..., r:, :] @ t(xb[..., r:, :]) + ya[..., r:, :] @ t(yb[..., r:, :])
+    free = signed_permutation(c_free) if n > r else torch.zeros(*xa.shape[:-2], 0, 0, dtype=DTYPE)
+    return rope_blocks(group, a, b, free)
+
+
+def solve_map(group, xa, xb, ya, yb) -> torch.Tensor:
+    """The best element of an invertible group (batched) given both sides, honouring its constraints."""
+    signed = "signed_permutation" in group.constraints
+    if "rope" in group.constraints:
+        return signed_rope(group, xa, xb, ya, yb) if signed else rope_lstsq(group, xa, xb, ya, yb)
+    if signed:
+        t = lambda m: m.transpose(-1, -2)  # noqa: E731
+        return signed_permutation(xa @ t(xb) + ya @ t(yb))
+    return balanced_lstsq(xa, xb, ya, yb)
