@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,15 @@ def hf_class(name: str):
 
 def expected_tensors(config, class_name: str) -> dict[str, tuple[int, ...]]:
     """Parameter names and shapes of the stock HF model for this config (built on the meta device)."""
+    return dict(_expected_tensors(config.to_json_string(), class_name))
+
+
+@functools.lru_cache(maxsize=32)
+def _expected_tensors(config_json: str, class_name: str) -> tuple:
+    config = hf_class(class_name).config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
         model = hf_class(class_name)(config)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
 
 
 def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: dict[str, str]) -> None:
@@ -67,15 +74,19 @@ def load_model(path, check: bool = True) -> Model:
     if check:
         _check_tensors(ckpt, adapter, shape, names)
 
-    def get(name: str) -> torch.Tensor:
+    missing = object()
+
+    def get(name: str, default=missing) -> torch.Tensor:
         if name not in names:
+            if default is not missing:
+                return default
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
         t = ckpt.get(names[name]).to(torch.float64)
         if not torch.isfinite(t).all():
             raise SymmergeError(f"{ckpt.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
         return t
 
-    params = adapter.to_canonical(get, shape, lambda n: n in names)
+    params = adapter.to_canonical(get, shape)
     meta = {}
     if (ckpt.path / "symmerge.json").is_file():
         meta = json.loads((ckpt.path / "symmerge.json").read_text())
@@ -86,9 +97,21 @@ def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = Non
     """(config, HF state dict) for canonical `params` (default: the model's own), cast once to `dtype`."""
     params = model.params if params is None else params
     config = model.adapter.export_config(model.config, model.shape, params)
-    sd = model.adapter.from_canonical(params, model.shape)
+    sd = keep_expected(model.adapter.from_canonical(params, model.shape), config, model.shape.hf_class)
     dtype = dtype or model.dtype
-    return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}  # no shared storage
+    return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}
+
+
+def keep_expected(sd: dict[str, torch.Tensor], config, class_name: str) -> dict[str, torch.Tensor]:
+    """Keep the tensors the HF class holds; a dropped tensor must be zero (an absent bias)."""
+    expected = expected_tensors(config, class_name)
+    for k, v in sd.items():
+        if k not in expected and bool(v.detach().ne(0).any()):
+            raise SymmergeError(f"internal: {class_name} has no {k}, but the export needs it non-zero")
+    missing = [k for k in expected if k not in sd]
+    if missing:
+        raise SymmergeError(f"internal: export of {class_name} lacks {missing[:3]}")
+    return {k: sd[k] for k in expected}  # no shared storage
 
 
 def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str):
@@ -108,9 +131,6 @@ def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool =
     """Write canonical `params` as a stock HF checkpoint of the model's class, atomically."""
     out = prepare_output(out, force)
     config, sd = export_state_dict(model, params, dtype)
-    expected = expected_tensors(config, model.shape.hf_class)
-    if set(sd) != set(expected):
-        raise SymmergeError(f"internal: export of {model.shape.hf_class} gives keys {sorted(set(sd) ^ set(expected))[:4]} that the class does not have")
     with AtomicFolder(out) as tmp:
         config.architectures = [model.shape.hf_class]
         config.save_pretrained(tmp)
