@@ -57,17 +57,65 @@ def _sylvester_psd(gx: torch.Tensor, gy: torch.Tensor, rhs: torch.Tensor) -> tor
     return uy @ (rot / denom.clamp_min(floor)) @ ux.transpose(-1, -2)
 
 
+def best_scale(p, q, s, t, positive: bool = False) -> torch.Tensor:
+    """Exact minimiser over `d != 0` of `f(d) = p d^2 - 2 q d + s / d^2 - 2 t / d` (elementwise).
+
+    This is `||d xb - xa||^2 + ||yb / d - ya||^2` up to constants, with p = |xb|^2, q = <xa, xb>,
+    s = |yb|^2, t = <ya, yb>: the true objective of one scale acting by d on one side and 1/d on the
+    other. With s > 0 and p > 0, f -> inf at 0 and at infinity, so the minimiser is a real root of
+    `f'(d) d^3 / 2 = p d^4 - q d^3 + t d - s` (found as companion-matrix eigenvalues). One-sided
+    cases are linear least squares. NaN where no minimiser exists (e.g. positive and q <= 0, s = 0).
+    """
+    p, q, s, t = (torch.as_tensor(v, dtype=DTYPE) for v in (p, q, s, t))
+    p, q, s, t = torch.broadcast_tensors(p, q, s, t)
+    out = torch.full(p.shape, float("nan"), dtype=DTYPE)
+    tiny = torch.finfo(DTYPE).tiny
+    only_g, only_inv, both = (s <= tiny) & (p > tiny), (p <= tiny) & (s > tiny), (p > tiny) & (s > tiny)
+    out[only_g] = q[only_g] / p[only_g]
+    out[only_inv] = s[only_inv] / t[only_inv]
+    if both.any():
+        pb, qb, sb, tb = p[both], q[both], s[both], t[both]
+        comp = torch.zeros(pb.shape[0], 4, 4, dtype=DTYPE)  # companion of d^4 + c3 d^3 + c1 d + c0
+        comp[:, 1, 0] = comp[:, 2, 1] = comp[:, 3, 2] = 1.0
+        comp[:, 0, 3], comp[:, 1, 3], comp[:, 3, 3] = sb / pb, -tb / pb, qb / pb
+        roots = torch.linalg.eigvals(comp)  # [k, 4]
+        real = roots.real
+        ok = (roots.imag.abs() <= 1e-7 * roots.abs().clamp_min(1e-300)) & (real != 0)
+        if positive:
+            ok &= real > 0
+        d = torch.where(ok, real, torch.ones_like(real))
+        f = pb[:, None] * d**2 - 2 * qb[:, None] * d + sb[:, None] / d**2 - 2 * tb[:, None] / d
+        f = torch.where(ok, f, torch.full_like(f, float("inf")))
+        best = f.argmin(-1)
+        out[both] = torch.where(ok.any(-1), d.gather(-1, best[:, None])[:, 0], torch.full_like(pb, float("nan")))
+    if positive:
+        out = torch.where(out > 0, out, torch.full_like(out, float("nan")))
+    return out
+
+
+def exact_diagonal(xa, xb, ya, yb, positive: bool = False) -> torch.Tensor:
+    """Diagonal `d [*batch, n]` minimising `||diag(d) xb - xa||^2 + ||diag(1/d) yb - ya||^2` exactly."""
+    dot = lambda u, v: (u * v).sum(-1) if u is not None else torch.zeros(())  # noqa: E731
+    return best_scale(dot(xb, xb), dot(xa, xb), dot(yb, yb), dot(ya, yb), positive)
+
+
 def balanced_lstsq(xa, xb, ya, yb) -> torch.Tensor:
-    """Full invertible `G [*batch, n, n]` minimising `||G xb - xa||^2 + ||G^T ya - yb||^2`."""
+    """Invertible `G [*batch, n, n]`: balanced least squares, then exact singular values.
+
+    1. `G0` minimises `||G xb - xa||^2 + ||G^T ya - yb||^2` (Sylvester; linear, exact when an exact G
+       exists). 2. With `G0 = U diag(s) V^T`, `G^{-T} = U diag(1/s) V^T` for G = U diag(s) V^T, so the
+       true objective `||G xb - xa||^2 + ||G^{-T} yb - ya||^2` is separable in the singular values
+       and each is set to its exact minimiser (`best_scale`). Step 2 keeps G well-conditioned: the
+       balanced form alone shrinks G towards 0 when A and B are weakly correlated (G = 0 costs it
+       nothing), which the true objective punishes through G^{-T}.
+    """
     t = lambda m: m.transpose(-1, -2)  # noqa: E731
-    return _sylvester_psd(xb @ t(xb), ya @ t(ya), xa @ t(xb) + ya @ t(yb))
-
-
-def balanced_diagonal(xa, xb, ya, yb) -> torch.Tensor:
-    """Diagonal `d [*batch, n]`: the same objective with `G = diag(d)`, entry by entry."""
-    num = (xa * xb).sum(-1) + (ya * yb).sum(-1)
-    den = (xb * xb).sum(-1) + (ya * ya).sum(-1)
-    return num / den
+    g0 = _sylvester_psd(xb @ t(xb), ya @ t(ya), xa @ t(xb) + ya @ t(yb))
+    u, sv, vh = torch.linalg.svd(g0)
+    xa_, xb_, ya_, yb_ = t(u) @ xa, vh @ xb, t(u) @ ya, vh @ yb
+    s_new = exact_diagonal(xa_, xb_, ya_, yb_)
+    s_new = torch.where(torch.isfinite(s_new), s_new, sv)
+    return u @ torch.diag_embed(s_new) @ vh
 
 
 def _pair_rows(x: torch.Tensor, h: int):
@@ -87,7 +135,15 @@ def _rope_pairs_lstsq(xa, xb, ya, yb, h):
     den = dot(pxb, pxb) + dot(pya, pya)  # <X, JX> = 0, so the normal equations are diagonal
     a = (dot(pxb, pxa) + dot(pya, pyb)) / den
     b = (dot(jxb, pxa) - dot(jya, pyb)) / den  # (aI + bJ)^T = aI - bJ on the reader side
-    return a, b
+    # keep the angle, re-solve the radius r of r R exactly ((r R)^{-T} = R / r): as in balanced_lstsq
+    r = torch.sqrt(a * a + b * b).clamp_min(torch.finfo(DTYPE).tiny)
+    c, sn = a / r, b / r
+    _, jyb = _pair_rows(yb, h)
+    rxb = c[..., None, None] * pxb + sn[..., None, None] * jxb  # R xb on each pair
+    ryb = c[..., None, None] * pyb + sn[..., None, None] * jyb
+    r_new = best_scale(dot(pxb, pxb), dot(pxa, rxb), dot(pyb, pyb), dot(pya, ryb))
+    r_new = torch.where(torch.isfinite(r_new), r_new, r)
+    return r_new * c, r_new * sn
 
 
 def rope_lstsq(group, xa, xb, ya, yb) -> torch.Tensor:

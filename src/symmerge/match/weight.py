@@ -36,7 +36,7 @@ from .. import groups as G
 from ..apply import apply
 from ..spec import Spec
 from . import costs
-from .solvers import linear_assignment, procrustes, solve_map
+from .solvers import best_scale, linear_assignment, procrustes, solve_map
 
 HEAD_FAMILIES = ("head_perm", "qk_map", "ov_map")
 
@@ -142,20 +142,15 @@ def _solve_scaling(st: _State, name: str, allowed) -> dict:
     touched = [t for t in costs.touching(st.spec, name) if t in st.A]
     bp = st.moved(touched, _without(st.g, [name]))
     sa, sb = costs.sides(st.spec, name, st.A, allowed), costs.sides(st.spec, name, bp, allowed)
-    num, den = 0.0, 0.0
-    if sa["g"] is not None:
-        num, den = num + (sa["g"] * sb["g"]).sum(-1), den + (sb["g"] ** 2).sum(-1)
-    if sa["inv_t"] is not None:
-        num, den = num + (sa["inv_t"] * sb["inv_t"]).sum(-1), den + (sa["inv_t"] ** 2).sum(-1)
+    zero = torch.zeros((), dtype=G.DTYPE)
+    dot = lambda u, v, k: (u[k] * v[k]).sum(-1) if u[k] is not None else zero  # noqa: E731
+    p, q, s, t = dot(sb, sb, "g"), dot(sa, sb, "g"), dot(sb, sb, "inv_t"), dot(sa, sb, "inv_t")
+    if grp.kind == "scalar":
+        p, q, s, t = p.sum(), q.sum(), s.sum(), t.sum()
     perm = st.g[grp.indexed_by] if grp.indexed_by else None
     current = st.g[name] if perm is None else st.g[name][perm]  # in A's order
-    if grp.kind == "scalar":
-        num, den = num.sum(), den.sum()
-    d = num / den
-    bad = ~torch.isfinite(d) | (d == 0)
-    if grp.kind == "scalar" or "positive" in grp.constraints:
-        bad |= d <= 0
-    d = torch.where(bad, current, d)
+    d = best_scale(p, q, s, t, positive=grp.kind == "scalar" or "positive" in grp.constraints)
+    d = torch.where(torch.isfinite(d), d, current)
     return {**st.g, name: _scatter(d, perm)}
 
 
