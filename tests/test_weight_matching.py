@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers as T
-from factories import ARCHS, example_inputs, logits, make_model, save_model
 
+from factories import ARCHS, example_inputs, logits, make_model, save_model
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.apply import apply
