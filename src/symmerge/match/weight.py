@@ -174,19 +174,26 @@ def _head_perms(st: _State, names: list[str], bp: dict, chosen: set[str]) -> dic
         sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
         q_axis = (lambda x: x) if inner is not None else (lambda x: x.unsqueeze(1))  # [h, q, n, m]
         sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]))
+    p, inner_p = assign_heads(sim, inner is not None)
+    return {top: p} if inner is None else {top: p, inner: inner_p}
+
+
+def assign_heads(sim: torch.Tensor, inner: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV-group permutation `p` and query-head permutations from `sim[a, j, b, k]` (A's head (a, j) vs B's (b, k)).
+
+    Each pair of KV groups is scored by its best query-head assignment; the query-head permutations
+    are returned indexed by B's KV group (as the spec's `qheads` group is).
+    """
     n_h, q = sim.shape[0], sim.shape[1]
     value = torch.zeros(n_h, n_h, dtype=G.DTYPE)
     inner_p = torch.zeros(n_h, n_h, q, dtype=torch.long)
     for a in range(n_h):
         for b in range(n_h):
             s = sim[a, :, b, :]
-            pi = linear_assignment(s) if inner is not None else torch.arange(q)
+            pi = linear_assignment(s) if inner else torch.arange(q)
             inner_p[a, b], value[a, b] = pi, s[torch.arange(q), pi].sum()
     p = linear_assignment(value)
-    out = {top: p}
-    if inner is not None:
-        out[inner] = _scatter(inner_p[torch.arange(n_h), p], p)
-    return out
+    return p, _scatter(inner_p[torch.arange(n_h), p], p)
 
 
 def _solve_heads(st: _State, names: list[str], allowed, chosen: set[str]) -> dict:
