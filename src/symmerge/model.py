@@ -16,6 +16,8 @@ from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write
 from .shape import ModelShape
 from .spec import Spec, build_spec
 
+Params = dict[str, torch.Tensor]
+
 
 @dataclass
 class Model:
@@ -53,12 +55,13 @@ def _expected_tensors(config_json: str, class_name: str) -> tuple:
 def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: dict[str, str]) -> None:
     """Every tensor the HF class needs is present with the shape the config implies."""
     expected = expected_tensors(ckpt.config, shape.hf_class)
+    shapes = ckpt.shapes()
     for name, want in expected.items():
         if name not in names:
             if name == "lm_head.weight" and shape.tied:
                 continue
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        got = tuple(ckpt._open(ckpt._files[names[name]]).get_slice(names[name]).get_shape())
+        got = shapes[names[name]]
         if got != want:
             raise SymmergeError(
                 f"{ckpt.path}: tensor {name} has shape {got} but config.json implies {want}; "
@@ -66,31 +69,53 @@ def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names:
             )
 
 
-def load_model(path, check: bool = True) -> Model:
-    ckpt = Checkpoint(path)
-    adapter = adapter_for(ckpt.config)
-    shape = adapter.shape(ckpt.config)
-    names = {adapter.rename(k): k for k in ckpt.names()}
-    if check:
-        _check_tensors(ckpt, adapter, shape, names)
+class LazyModel:
+    """A checkpoint whose canonical tensors are read one part at a time."""
 
-    missing = object()
+    def __init__(self, path):
+        self.ckpt = Checkpoint(path)
+        self.path = self.ckpt.path
+        self.config = self.ckpt.config
+        self.adapter = adapter_for(self.config)
+        self.shape = self.adapter.shape(self.config)
+        self.spec = build_spec(self.shape)
+        self.dtype = self.ckpt.dtype()
+        self._names = {self.adapter.rename(k): k for k in self.ckpt.names()}
+        _check_tensors(self.ckpt, self.adapter, self.shape, self._names)
 
-    def get(name: str, default=missing) -> torch.Tensor:
-        if name not in names:
-            if default is not missing:
-                return default
-            raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        t = ckpt.get(names[name]).to(torch.float64)
+    def get(self, name: str, *default) -> torch.Tensor:
+        if name not in self._names:
+            if default:
+                return default[0]
+            raise SymmergeError(f"{self.path}: tensor {name} is missing; the checkpoint does not match its config.json")
+        t = self.ckpt.get(self._names[name]).to(torch.float64)
         if not torch.isfinite(t).all():
-            raise SymmergeError(f"{ckpt.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
+            raise SymmergeError(f"{self.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
         return t
 
-    params = adapter.to_canonical(get, shape)
-    meta = {}
-    if (ckpt.path / "symmerge.json").is_file():
-        meta = json.loads((ckpt.path / "symmerge.json").read_text())
-    return Model(ckpt.path, ckpt.config, adapter, shape, build_spec(shape), params, ckpt.dtype(), meta)
+    def ends(self) -> Params:
+        """Canonical embeddings, final norm, head and eps."""
+        out = self.adapter.embed_to_canonical(self.get, self.shape)
+        out.update(self.adapter.final_to_canonical(self.get, self.shape))
+        return out
+
+    def block(self, i: int) -> Params:
+        return self.adapter.block_to_canonical(self.get, self.shape, i)
+
+    def as_model(self) -> Model:
+        """Everything in memory (for small models)."""
+        params = self.ends()
+        for i in range(self.shape.n_layers):
+            params.update(self.block(i))
+        meta = {}
+        if (self.path / "symmerge.json").is_file():
+            meta = json.loads((self.path / "symmerge.json").read_text())
+        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, meta)
+
+
+def load_model(path) -> Model:
+    """A checkpoint folder in canonical form, in memory."""
+    return LazyModel(path).as_model()
 
 
 def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None):
@@ -102,16 +127,18 @@ def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = Non
     return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}
 
 
-def keep_expected(sd: dict[str, torch.Tensor], config, class_name: str) -> dict[str, torch.Tensor]:
-    """Keep the tensors the HF class holds; a dropped tensor must be zero (an absent bias)."""
+def keep_expected(sd: dict[str, torch.Tensor], config, class_name: str, partial: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors the HF class holds; a dropped one must be zero (an absent bias).
+
+    With `partial`, `sd` is one part of the model (a block) and missing tensors are not an error."""
     expected = expected_tensors(config, class_name)
     for k, v in sd.items():
         if k not in expected and bool(v.detach().ne(0).any()):
             raise SymmergeError(f"internal: {class_name} has no {k}, but the export needs it non-zero")
     missing = [k for k in expected if k not in sd]
-    if missing:
+    if missing and not partial:
         raise SymmergeError(f"internal: export of {class_name} lacks {missing[:3]}")
-    return {k: sd[k] for k in expected}  # no shared storage
+    return {k: sd[k] for k in expected if k in sd}
 
 
 def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str):
