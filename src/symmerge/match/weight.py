@@ -76,8 +76,11 @@ class _State:
         return apply(self.spec, g, {n: self.B[n] for n in names})
 
     def _terms(self, names, g) -> dict[str, float]:
-        gb = self.moved(names, g)
-        return {n: float(((self.A[n] - gb[n]) ** 2).sum()) for n in names}
+        """Squared distance per tensor, one tensor at a time (peak memory: one moved tensor)."""
+        out = {}
+        for n in names:
+            out[n] = float(((self.A[n] - self.moved([n], g)[n]) ** 2).sum())
+        return out
 
     def similarity(self) -> float:
         return 1.0 - math.fsum(self.terms.values()) / self.norm2
@@ -130,23 +133,33 @@ def _scatter(x_a: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
 
 def _solve_orthogonal(st: _State, name: str, allowed) -> dict:
     grp = st.spec.groups[name]
-    touched = [t for t in costs.touching(st.spec, name) if t in st.A]
-    bp = st.moved(touched, _without(st.g, [name]))
-    c = costs.gram_cross(st.spec, name, st.A, bp, allowed)
+    others = _without(st.g, [name])
+    c = 0.0
+    for t in costs.touching(st.spec, name):  # one tensor at a time: the residual touches everything
+        if t in st.A and (allowed is None or t in allowed):
+            c = c + costs.gram_cross(st.spec, name, st.A, st.moved([t], others), [t])
     return {**st.g, name: procrustes(c, "fixes_ones" in grp.constraints)}
 
 
 def _solve_scaling(st: _State, name: str, allowed) -> dict:
-    """Scalar or diagonal: the balanced least squares, entry by entry (in A's order, then re-indexed)."""
+    """Scalar or diagonal: the exact minimiser entry by entry (`solvers.best_scale`), in A's order, then re-indexed."""
     grp = st.spec.groups[name]
-    touched = [t for t in costs.touching(st.spec, name) if t in st.A]
-    bp = st.moved(touched, _without(st.g, [name]))
-    sa, sb = costs.sides(st.spec, name, st.A, allowed), costs.sides(st.spec, name, bp, allowed)
+    others = _without(st.g, [name])
     zero = torch.zeros((), dtype=G.DTYPE)
-    dot = lambda u, v, k: (u[k] * v[k]).sum(-1) if u[k] is not None else zero  # noqa: E731
-    p, q, s, t = dot(sb, sb, "g"), dot(sa, sb, "g"), dot(sb, sb, "inv_t"), dot(sa, sb, "inv_t")
-    if grp.kind == "scalar":
-        p, q, s, t = p.sum(), q.sum(), s.sum(), t.sum()
+    p = q = s = t = zero
+    for n in costs.touching(st.spec, name):  # accumulated one tensor at a time
+        if n not in st.A or (allowed is not None and n not in allowed):
+            continue
+        sa, sb = costs.sides(st.spec, name, st.A, [n]), costs.sides(st.spec, name, st.moved([n], others), [n])
+        for how in ("g", "inv_t"):
+            if sa[how] is None:
+                continue
+            xa, xb = sa[how], sb[how]
+            dims = tuple(range(xa.dim())) if grp.kind == "scalar" else -1
+            if how == "g":
+                p, q = p + (xb * xb).sum(dims), q + (xa * xb).sum(dims)
+            else:
+                s, t = s + (xb * xb).sum(dims), t + (xa * xb).sum(dims)
     perm = st.g[grp.indexed_by] if grp.indexed_by else None
     current = st.g[name] if perm is None else st.g[name][perm]  # in A's order
     d = best_scale(p, q, s, t, positive=grp.kind == "scalar" or "positive" in grp.constraints)
