@@ -234,15 +234,22 @@ def _solve_heads(st: _State, names: list[str], allowed, chosen: set[str]) -> dic
 # --- the loop ------------------------------------------------------------------------------------------
 
 
+def _kind(spec: Spec, step: list[str]) -> str:
+    grp = spec.groups[step[0]]
+    if len(step) > 1 or grp.family in HEAD_FAMILIES:
+        return "attention"
+    return {"orthogonal": "rotation", "permutation": "permutation"}.get(grp.kind, "scaling")
+
+
 def _step(st: _State, step: list[str], solved: set[str], chosen: set[str], first: bool) -> bool:
     spec = st.spec
-    grp = spec.groups[step[0]]
+    kind = _kind(spec, step)
     allowed = _allowed(spec, step[0], solved, chosen) if first and len(step) == 1 else None
-    if len(step) > 1 or grp.family in HEAD_FAMILIES:
+    if kind == "attention":
         cand = _solve_heads(st, step, allowed, chosen)
-    elif grp.kind == "orthogonal":
+    elif kind == "rotation":
         cand = _solve_orthogonal(st, step[0], allowed)
-    elif grp.kind == "permutation":
+    elif kind == "permutation":
         cand = _solve_permutation(st, step[0], allowed)
     else:
         cand = _solve_scaling(st, step[0], allowed)
@@ -259,12 +266,15 @@ def weight_match(spec: Spec, A: dict, B: dict, families: list[str] | None = None
     chosen = set(spec.select(families))
     g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
     st = _State(spec, A, B, g)
-    history, rejected, count, restarted = [st.similarity()], 0, 0, False
+    history, rejected, count, restarted, by_kind = [st.similarity()], 0, 0, False, {}
     steps = _schedule(spec, chosen)
     for it in tqdm(range(max_iters), desc="weight matching", disable=not progress):
         solved, first = set(), it == 0 and g0 is None
         for step in steps:
+            t0 = time.perf_counter()
             rejected += not _step(st, step, solved, chosen, first)
+            kind = _kind(spec, step)
+            by_kind[kind] = by_kind.get(kind, 0.0) + time.perf_counter() - t0
             solved.update(step)
             count += 1
         if first and st.similarity() < history[0]:  # the initial sweep made things worse: start again
@@ -272,4 +282,4 @@ def weight_match(spec: Spec, A: dict, B: dict, families: list[str] | None = None
         history.append(st.similarity())
         if history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30) and it > 0:
             break
-    return MatchResult(st.g, history, time.perf_counter() - start, rejected, count, {"restarted": restarted})
+    return MatchResult(st.g, history, time.perf_counter() - start, rejected, count, {"restarted": restarted, "seconds_by_step_kind": by_kind})
