@@ -12,10 +12,18 @@ other group of the current element applied, and solves it by kind:
 
 - head permutation: assignment on the similarity of the heads' QK and OV circuits (`costs.circuit_
   similarity`), which the head-internal maps leave unchanged, so heads are matched before their maps;
-- QK / OV maps: balanced least squares inside each matched head, under RoPE / clip_qkv constraints;
+- QK / OV maps: balanced least squares inside each matched head, then each singular value set to
+  its exact minimiser (`solvers.balanced_lstsq`), under the RoPE / clip_qkv constraints;
 - other permutations: assignment on `sum_t A_t (B_t)^T` along the permuted axis;
 - residual rotation: Procrustes over every reader and writer (fixing the all-ones vector for
-  LayerNorm models); residual scale and GLU scales: closed-form least squares.
+  LayerNorm models); residual scale and GLU scales: exact minimisers in closed form (roots of a
+  quartic, `solvers.best_scale`: the scale acts by d on writers and by 1/d on readers).
+
+Why the circuits for the heads: starting from the identity, the per-head maps of a planted element
+are unknown, and comparing raw W_Q's across heads would be meaningless; the circuits need only the
+residual map, which the sweep finds first. The heads step is not an exact minimiser of the distance
+(no closed form exists for the map with its inverse transpose); the acceptance rule below keeps
+the objective monotone all the same.
 
 Monotonicity: a step's candidate is kept only if the exactly rounded sum (`math.fsum`) of the squared
 distances of the tensors it touches decreases; the untouched terms are bitwise unchanged, so the
