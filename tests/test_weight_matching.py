@@ -199,6 +199,16 @@ def test_mismatched_models_fail_cleanly(tmp_path, capsys, change, word):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
 
+@pytest.mark.parametrize("other", [a for a in ("llama", "gpt_neox", "vit") if a in SUPPORTED])
+def test_different_architectures_fail_cleanly(tmp_path, capsys, other):
+    a = save_model(make_model("gpt2", 0), tmp_path / "a")
+    b = save_model(make_model(other, 0), tmp_path / "b")
+    assert _cli("align", a, b, "-o", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "arch" in err and "gpt2" in err and other.split("_")[0] in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_different_architectures_are_named():
     sa, sb = SYNTHETIC["llama_gqa"], SYNTHETIC["neox_partial"]
     a = SimpleNamespace(shape=sa, params=synthetic_params(sa, 0))
