@@ -290,4 +290,5 @@ def weight_match(spec: Spec, A: dict, B: dict, families: list[str] | None = None
         history.append(st.similarity())
         if history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30) and it > 0:
             break
-    return MatchResult(st.g, history, time.perf_counter() - start, rejected, count, {"restarted": restarted, "seconds_by_step_kind": by_kind})
+    extra = {"restarted": restarted, "seconds_by_step_kind": by_kind}
+    return MatchResult(st.g, history, time.perf_counter() - start, rejected, count, extra)
