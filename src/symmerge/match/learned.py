@@ -1,0 +1,383 @@
+"""Learned matching (one-sided) and dual learned matching: group elements trained on the task loss of
+the interpolated model, with every model weight frozen.
+
+- "learned": B's element g is learned; OUT = g·B. Continuous groups go through a parameterisation
+  (`parametrize.py`); permutations through a straight-through estimator: the forward uses the hard
+  assignment P = LAP(L) of a latent matrix L (as a dense matrix, so that apply is differentiable)
+  and the backward treats P as L (`P + L - L.detach()`, exactly P in value). Start: `init` (the
+  weight-matching solution), latents at its permutation matrices.
+- "dual": `init` is absorbed into B first (B' = init·B); then A and B' each get their own continuous
+  elements (residual rotation and scale, QK and OV maps, GLU scales), starting at the identity;
+  permutations stay fixed. Outputs gA·A and gB·B'.
+
+Loss: the stock HF loss (`objective.py`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
+lam per step. "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity,
+where every parameterisation is best conditioned); "absolute" learns g itself from
+`from_element(g0)`. Randomness comes from (seed, step) alone, so a resumed run equals an
+uninterrupted one. The validation barrier is tracked every `eval_every` steps and the best
+state is the one returned.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from tqdm.auto import tqdm
+
+from .. import SymmergeError
+from .. import groups as G
+from ..apply import apply
+from ..model import Model
+from ..spec import Spec, compose, identity_element
+from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
+from .objective import Objective, barrier, grid, interpolate
+from .parametrize import Parametrization, learnable, parametrization, resolve_methods
+
+METHODS = ("learned", "dual")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised after the checkpoint was written, when a run is stopped (Ctrl-C or `on_step`)."""
+
+
+@dataclass
+class LearnConfig:
+    method: str = "learned"
+    groups: list[str] | None = None  # families to learn (default: all)
+    param: str = "auto"  # see parametrize.resolve_methods
+    steps: int = 200
+    lr: float = 1e-2
+    lam_range: tuple[float, float] = (0.4, 0.6)
+    seed: int = 0
+    eval_every: int = 25
+    patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
+    grid_points: int = 5  # lambdas of the validation barrier (endpoints included)
+    anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
+    dtype: str = "float32"  # of the HF forward; group algebra is always float64
+    checkpoint_every: int = 50
+    progress: bool = True
+
+    def validate(self) -> None:
+        lo, hi = self.lam_range
+        if not (0.0 <= lo <= hi <= 1.0):
+            raise SymmergeError(f"--lam-range {lo},{hi} must satisfy 0 <= low <= high <= 1")
+        if self.method not in METHODS:
+            raise SymmergeError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.anchor not in ("residual", "absolute"):
+            raise SymmergeError(f"anchor must be residual or absolute, not {self.anchor!r}")
+        if self.dtype not in DTYPES:
+            raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}")
+        if self.steps < 0 or self.eval_every < 1 or self.lr <= 0:
+            raise SymmergeError("--steps must be >= 0, eval_every >= 1 and the learning rate > 0")
+        grid(self.grid_points)
+
+    def settings(self) -> dict:
+        """What must be equal to resume a run (everything but the progress bar and checkpoint cadence)."""
+        skip = {"progress", "checkpoint_every"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        out["lam_range"] = list(out["lam_range"])
+        return out
+
+
+@dataclass
+class Slot:
+    """One learned group on one side: a parameterisation, or a straight-through permutation latent."""
+
+    side: str
+    group: str
+    param: Parametrization | None
+    raw: dict[str, torch.Tensor]
+    fixed: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.side}.{self.group}"
+
+
+@dataclass
+class Result:
+    elements: dict[str, dict[str, torch.Tensor]]  # side ("A" or "B") -> full element for that input
+    report: dict
+
+
+def lap(latent: torch.Tensor) -> torch.Tensor:
+    """Hard permutation (index vector) maximising sum_i L[i, p[i]], batched over leading axes."""
+    flat = latent.detach().reshape(-1, *latent.shape[-2:]).numpy()
+    rows = [linear_sum_assignment(x, maximize=True)[1] for x in flat]
+    return torch.as_tensor(np.stack(rows), dtype=torch.int64).reshape(latent.shape[:-1])
+
+
+def _dense_spec(spec: Spec, names: list[str]) -> Spec:
+    """The spec with the given permutation groups acting as dense (orthogonal) matrices."""
+    groups = {n: (replace(g, kind="orthogonal", constraints=()) if n in names else g) for n, g in spec.groups.items()}
+    return replace(spec, groups=groups)
+
+
+def _check_element(spec: Spec, g: dict, what: str) -> None:
+    missing = [n for n in spec.groups if n not in g]
+    if missing:
+        raise SymmergeError(f"{what} has no entry for groups {missing[:3]}")
+    for n, grp in spec.groups.items():
+        err = G.membership_error(grp, g[n])
+        if err > 1e-6:
+            raise SymmergeError(f"{what}: {n} is not in its group (error {err:.2e})")
+
+
+class Learner:
+    """Holds the frozen models, the slots and the objective; `run` trains (see the module docstring)."""
+
+    def __init__(self, a: Model, b: Model, cfg: LearnConfig, init: dict | None = None):
+        cfg.validate()
+        if a.shape != b.shape:
+            raise SymmergeError(f"A and B have different shapes ({a.shape.arch} {a.shape.d_model}x{a.shape.n_layers} "
+                                f"vs {b.shape.arch} {b.shape.d_model}x{b.shape.n_layers}); align models of one shape")
+        self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec
+        self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
+        _check_element(self.spec, self.init, "the initial element")
+        selected = self.spec.select(cfg.groups)
+        self.dual = cfg.method == "dual"
+        cont = [n for n in selected if learnable(self.spec.groups[n])]
+        ste = [] if self.dual else [n for n in selected if self.spec.groups[n].kind == "permutation"]
+        if not cont and not ste:
+            raise SymmergeError(f"{cfg.method} matching has nothing to learn in {cfg.groups or 'all groups'}: "
+                                "dual matching learns continuous groups only; signed permutations stay fixed")
+        self.fixed_groups = [n for n in selected if n not in cont and n not in ste]
+        methods = resolve_methods({n: self.spec.groups[n] for n in cont}, cfg.param)
+        self.methods = methods
+        ident = identity_element(self.spec)
+        self.base = {"A": ident, "B": ident} if self.dual else {"B": self.init}
+        self.slots = self._make_slots(cont, ste, methods)
+        self.train_spec = _dense_spec(self.spec, ste)
+        self.obj = Objective(a, DTYPES[cfg.dtype])
+        b_params = apply(self.spec, self.init, b.params) if self.dual else b.params
+        self.params = {"A": self.obj.cast(a.params), "B": self.obj.cast(b_params)}
+
+    def _make_slots(self, cont, ste, methods) -> list[Slot]:
+        slots = []
+        for side in self.base:
+            for n in cont:
+                p = parametrization(self.spec.groups[n], methods[n])
+                start = self.base[side][n] if self.cfg.anchor == "absolute" else G.identity(self.spec.groups[n])
+                raw, fixed = p.from_element(start)
+                slots.append(Slot(side, n, p, raw, fixed))
+            for n in ste if side == "B" else []:
+                latent = torch.nn.functional.one_hot(self.base[side][n], self.spec.groups[n].size).to(G.DTYPE)
+                slots.append(Slot(side, n, None, {"latent": latent}))
+        for s in slots:
+            for t in s.raw.values():
+                t.requires_grad_(True)
+        return slots
+
+    # --- elements and loss ---------------------------------------------------------------------------
+
+    def trainables(self) -> dict[str, torch.Tensor]:
+        return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
+
+    def element(self, side: str, hard: bool) -> dict[str, torch.Tensor]:
+        """The side's learned element (on top of its base); dense straight-through permutations unless `hard`."""
+        g = dict(self.base[side])
+        for s in (s for s in self.slots if s.side == side):
+            grp = self.spec.groups[s.group]
+            if s.param is None:
+                p = lap(s.raw["latent"])
+                g[s.group] = p if hard else (G.as_matrix(grp, p) + s.raw["latent"] - s.raw["latent"].detach())
+                continue
+            h = s.param.element(s.raw, s.fixed)
+            g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[side][s.group])
+        return g
+
+    def endpoints(self, hard: bool) -> tuple[dict, dict]:
+        spec = self.spec if hard else self.train_spec
+        ta = apply(self.spec, self.element("A", hard), self.params["A"]) if self.dual else self.params["A"]
+        tb = apply(spec, self.element("B", hard), self.params["B"])
+        return ta, tb
+
+    def loss(self, batch: dict, lam: float) -> torch.Tensor:
+        ta, tb = self.endpoints(hard=False)
+        return self.obj.loss(interpolate(ta, tb, lam), batch)
+
+    @torch.no_grad()
+    def curve(self, batches: list[dict], lams: list[float]) -> list[float]:
+        ta, tb = self.endpoints(hard=True)
+        return [self.obj.mean_loss(interpolate(ta, tb, lam), batches) for lam in lams]
+
+    def final_elements(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Per input, the full element whose action on that input gives the output (checked members)."""
+        with torch.no_grad():
+            out = {side: {n: t.detach().clone() for n, t in self.element(side, hard=True).items()} for side in self.base}
+        if self.dual:
+            out["B"] = compose(self.spec, out["B"], self.init)  # first the absorbed init, then gB
+        for side, g in out.items():
+            _check_element(self.spec, g, f"the learned element of {side}")
+        return out
+
+
+# --- the training loop ---------------------------------------------------------------------------------
+
+
+def _step_randomness(seed: int, step: int, n_batches: int, lam_range) -> tuple[int, float]:
+    """Batch index and lambda of one step, from (seed, step) alone: an epoch-wise shuffle and a uniform lambda."""
+    epoch, pos = divmod(step, n_batches)
+    order = torch.randperm(n_batches, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    u = float(torch.rand((), generator=torch.Generator().manual_seed(seed * 7_919 + 104_729 * step + 1), dtype=torch.float64))
+    lo, hi = lam_range
+    return int(order[pos]), lo + (hi - lo) * u
+
+
+def _cosine_lr(lr: float, step: int, total: int) -> float:
+    return lr * 0.5 * (1 + math.cos(math.pi * step / max(total, 1)))
+
+
+class _StopFlag:
+    """Ctrl-C sets a flag; the loop checkpoints at the next step boundary and raises `Interrupted`."""
+
+    def __init__(self):
+        self.set, self.old = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, lambda *_: setattr(self, "set", True))
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+
+def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConfig, init: dict | None = None,
+          checkpoint=None, resume: bool = False, on_step=None) -> Result:
+    """Run learned or dual matching; returns the elements for the inputs and a JSON-able report.
+
+    checkpoint: folder for the run's state (written every `checkpoint_every` steps, on stop and at the
+    end); resume: continue from it. on_step(step) -> True stops the run like Ctrl-C (for tests).
+    """
+    if not train or not val:
+        raise SymmergeError("learned matching needs training and validation batches (--data)")
+    learner = Learner(a, b, cfg, init)
+    return _Run(learner, train, val, checkpoint, on_step).go(resume)
+
+
+class _Run:
+    def __init__(self, learner: Learner, train, val, checkpoint, on_step):
+        self.l, self.train, self.val, self.ckpt, self.on_step = learner, train, val, checkpoint, on_step
+        self.cfg = learner.cfg
+        self.names = list(learner.trainables())
+        self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
+        self.lams = grid(self.cfg.grid_points)
+        self.meta = {"step": 0, "history": [], "best_step": 0, "best_barrier": None, "bad_evals": 0,
+                     "stopped_early": False, "done": False, "time_s": 0.0, "endpoint_losses": None}
+
+    # --- state ---
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"param.{k}": v for k, v in self.l.trainables().items()}
+        out.update({f"best.{k}": v for k, v in self.best.items()})
+        out.update({f"fixed.{s.key}.{k}": v for s in self.l.slots for k, v in s.fixed.items()})
+        out.update({f"init.{k}": v for k, v in self.l.init.items()})
+        out.update(adam_tensors(self.opt, self.names))
+        return out
+
+    def save(self) -> None:
+        if self.ckpt is not None:
+            save_state(self.ckpt, self.tensors(), {**self.meta, "settings": self.cfg.settings()})
+
+    def load(self) -> None:
+        tensors, meta = load_state(self.ckpt)
+        check_settings(meta["settings"], self.cfg.settings(), self.ckpt)
+        for k, v in self.l.init.items():
+            if not torch.equal(tensors[f"init.{k}"], v):
+                raise SymmergeError(f"the checkpoint in {self.ckpt} started from a different initial element; "
+                                    "resume with the same --init or start a new run")
+        with torch.no_grad():
+            for k, t in self.l.trainables().items():
+                t.copy_(tensors[f"param.{k}"])
+        for s in self.l.slots:
+            for k in s.fixed:
+                s.fixed[k] = tensors[f"fixed.{s.key}.{k}"]
+        self.best = {k: tensors[f"best.{k}"] for k in self.names}
+        restore_adam(self.opt, self.names, tensors)
+        self.meta = {k: meta[k] for k in self.meta}
+
+    # --- evaluation ---
+    def evaluate(self, step: int) -> None:
+        m = self.meta
+        if m["endpoint_losses"] is None:  # the endpoints compute their inputs' functions: fixed for the run
+            ends = self.l.curve(self.val, [0.0, 1.0])
+            m["endpoint_losses"] = ends
+        inner = self.l.curve(self.val, self.lams[1:-1])
+        losses = [m["endpoint_losses"][0], *inner, m["endpoint_losses"][1]]
+        b = barrier(self.lams, losses)
+        m["history"].append({"step": step, "barrier": b, "losses": losses})
+        if m["best_barrier"] is None or b < m["best_barrier"]:
+            m["best_barrier"], m["best_step"], m["bad_evals"] = b, step, 0
+            self.best = {k: v.detach().clone() for k, v in self.l.trainables().items()}
+        else:
+            m["bad_evals"] += 1
+            if self.cfg.patience and m["bad_evals"] >= self.cfg.patience:
+                m["stopped_early"] = True
+
+    def train_step(self, step: int) -> float:
+        idx, lam = _step_randomness(self.cfg.seed, step, len(self.train), self.cfg.lam_range)
+        for pg in self.opt.param_groups:
+            pg["lr"] = _cosine_lr(self.cfg.lr, step, self.cfg.steps)
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.l.loss(self.train[idx], lam)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def go(self, resume: bool) -> Result:
+        if resume:
+            if self.ckpt is None:
+                raise SymmergeError("--resume needs a checkpoint folder")
+            self.load()
+        else:
+            self.best = {k: v.detach().clone() for k, v in self.l.trainables().items()}
+            self.evaluate(0)
+        m, cfg = self.meta, self.cfg
+        bar = tqdm(total=cfg.steps, initial=m["step"], disable=not cfg.progress, desc=f"{cfg.method} matching")
+        t0 = time.perf_counter()
+        with _StopFlag() as stop:
+            while not m["done"] and not m["stopped_early"] and m["step"] < cfg.steps:
+                loss = self.train_step(m["step"])
+                m["step"] += 1
+                bar.update(1)
+                if m["step"] % cfg.eval_every == 0 or m["step"] == cfg.steps:
+                    self.evaluate(m["step"])
+                bar.set_postfix(loss=f"{loss:.4f}", barrier=f"{m['history'][-1]['barrier']:.4f}")
+                m["time_s"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                if stop.set or (self.on_step is not None and self.on_step(m["step"])):
+                    self.save()
+                    bar.close()
+                    raise Interrupted(f"stopped at step {m['step']}; checkpoint in {self.ckpt}: rerun with --resume")
+                if m["step"] % cfg.checkpoint_every == 0:
+                    self.save()
+        bar.close()
+        m["done"] = True
+        self.save()
+        return self.result()
+
+    def result(self) -> Result:
+        with torch.no_grad():
+            for k, t in self.l.trainables().items():
+                t.copy_(self.best[k])
+        m, l = self.meta, self.l
+        report = {
+            "method": self.cfg.method, "steps": m["step"], "time_s": round(m["time_s"], 3),
+            "barrier_before": m["history"][0]["barrier"], "barrier_after": m["best_barrier"],
+            "best_step": m["best_step"], "stopped_early": m["stopped_early"],
+            "lambdas": self.lams, "losses_before": m["history"][0]["losses"],
+            "losses_after": next(h["losses"] for h in m["history"] if h["step"] == m["best_step"]),
+            "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in l.slots},
+            "fixed_groups": l.fixed_groups, "settings": self.cfg.settings(), "history": m["history"],
+        }
+        return Result(l.final_elements(), report)
