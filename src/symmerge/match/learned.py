@@ -13,7 +13,11 @@ the interpolated model, with every model weight frozen.
 Loss: the stock HF loss (`objective.py`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
 lam per step. "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity,
 where every parameterisation is best conditioned); "absolute" learns g itself from
-`from_element(g0)`. Randomness comes from (seed, step) alone, so a resumed run equals an
+`from_element(g0)`.
+
+The residual scale is learned only when named in `groups`: with it, the interpolation can collapse
+onto one endpoint (the midpoint of A and c·B computes B's function as c grows, by scale invariance),
+which lowers the measured barrier without merging anything. Randomness comes from (seed, step) alone, so a resumed run equals an
 uninterrupted one. The validation barrier is tracked every `eval_every` steps and the best
 state is the one returned.
 """
@@ -143,13 +147,15 @@ class Learner:
         self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
         _check_element(self.spec, self.init, "the initial element")
         selected = self.spec.select(cfg.groups)
+        if cfg.groups is None:  # see the module docstring: a learned scale lets the path collapse
+            selected = [n for n in selected if self.spec.groups[n].family != "residual_scale"]
         self.dual = cfg.method == "dual"
         cont = [n for n in selected if learnable(self.spec.groups[n])]
         ste = [] if self.dual else [n for n in selected if self.spec.groups[n].kind == "permutation"]
         if not cont and not ste:
             raise SymmergeError(f"{cfg.method} matching has nothing to learn in {cfg.groups or 'all groups'}: "
                                 "dual matching learns continuous groups only; signed permutations stay fixed")
-        self.fixed_groups = [n for n in selected if n not in cont and n not in ste]
+        self.fixed_groups = [n for n in self.spec.groups if n not in cont and n not in ste]
         methods = resolve_methods({n: self.spec.groups[n] for n in cont}, cfg.param)
         self.methods = methods
         ident = identity_element(self.spec)
@@ -165,8 +171,7 @@ class Learner:
         for side in self.base:
             for n in cont:
                 p = parametrization(self.spec.groups[n], methods[n])
-                start = self.base[side][n] if self.cfg.anchor == "absolute" else G.identity(self.spec.groups[n])
-                raw, fixed = p.from_element(start)
+                raw, fixed = p.from_element(self.base[side][n]) if self.cfg.anchor == "absolute" else p.identity()
                 slots.append(Slot(side, n, p, raw, fixed))
             for n in ste if side == "B" else []:
                 latent = torch.nn.functional.one_hot(self.base[side][n], self.spec.groups[n].size).to(G.DTYPE)
@@ -274,7 +279,7 @@ class _Run:
         self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
         self.lams = grid(self.cfg.grid_points)
         self.meta = {"step": 0, "history": [], "best_step": 0, "best_barrier": None, "bad_evals": 0,
-                     "stopped_early": False, "done": False, "time_s": 0.0, "endpoint_losses": None}
+                     "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None}
 
     # --- state ---
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -315,8 +320,10 @@ class _Run:
         inner = self.l.curve(self.val, self.lams[1:-1])
         losses = [m["endpoint_losses"][0], *inner, m["endpoint_losses"][1]]
         b = barrier(self.lams, losses)
-        m["history"].append({"step": step, "barrier": b, "losses": losses})
-        if m["best_barrier"] is None or b < m["best_barrier"]:
+        finite = math.isfinite(b)  # NaN is written as null (strict JSON) and is never the best
+        m["history"].append({"step": step, "barrier": b if finite else None,
+                             "losses": [x if math.isfinite(x) else None for x in losses]})
+        if finite and (m["best_barrier"] is None or b < m["best_barrier"]):
             m["best_barrier"], m["best_step"], m["bad_evals"] = b, step, 0
             self.best = {k: v.detach().clone() for k, v in self.l.trainables().items()}
         else:
@@ -330,6 +337,9 @@ class _Run:
             pg["lr"] = _cosine_lr(self.cfg.lr, step, self.cfg.steps)
         self.opt.zero_grad(set_to_none=True)
         loss = self.l.loss(self.train[idx], lam)
+        if not torch.isfinite(loss):  # keep the best state and stop rather than step into NaN
+            self.meta["diverged"] = True
+            return float("nan")
         loss.backward()
         self.opt.step()
         return float(loss.detach())
@@ -348,11 +358,15 @@ class _Run:
         with _StopFlag() as stop:
             while not m["done"] and not m["stopped_early"] and m["step"] < cfg.steps:
                 loss = self.train_step(m["step"])
+                if m["diverged"]:
+                    tqdm.write(f"{cfg.method} matching: the loss is not finite at step {m['step']}; "
+                               "keeping the best state (lower --lr)")
+                    break
                 m["step"] += 1
                 bar.update(1)
                 if m["step"] % cfg.eval_every == 0 or m["step"] == cfg.steps:
                     self.evaluate(m["step"])
-                bar.set_postfix(loss=f"{loss:.4f}", barrier=f"{m['history'][-1]['barrier']:.4f}")
+                bar.set_postfix(loss=f"{loss:.4f}", barrier=str(m["history"][-1]["barrier"])[:6])
                 m["time_s"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 if stop.set or (self.on_step is not None and self.on_step(m["step"])):
@@ -374,7 +388,7 @@ class _Run:
         report = {
             "method": self.cfg.method, "steps": m["step"], "time_s": round(m["time_s"], 3),
             "barrier_before": m["history"][0]["barrier"], "barrier_after": m["best_barrier"],
-            "best_step": m["best_step"], "stopped_early": m["stopped_early"],
+            "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
             "lambdas": self.lams, "losses_before": m["history"][0]["losses"],
             "losses_after": next(h["losses"] for h in m["history"] if h["step"] == m["best_step"]),
             "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in l.slots},

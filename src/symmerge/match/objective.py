@@ -13,6 +13,8 @@ eps by the residual scale `c = sqrt(eps0 / eps)`, which is exact and differentia
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.func import functional_call
 
@@ -66,7 +68,9 @@ class Objective:
 
 
 def barrier(lams: list[float], losses: list[float]) -> float:
-    """max over the grid of L(lam) minus the straight line between the endpoint losses."""
+    """max over the grid of L(lam) minus the straight line between the endpoint losses (NaN if any loss is)."""
+    if not all(math.isfinite(x) for x in losses):
+        return math.nan
     l0, l1 = losses[0], losses[-1]
     return max(loss - ((1 - lam) * l0 + lam * l1) for lam, loss in zip(lams, losses))
 

@@ -214,7 +214,11 @@ class Parametrization:
         return _inv_from(self.method, x, what)
 
     def identity(self) -> tuple[Raw, Raw]:
-        return self.from_element(G.identity(self.group))
+        """Raw tensors whose element is exactly the identity: zeros (signs +1), the free matrix I for direct.
+        (`from_element(I)` is equal only up to rounding: the polar form goes through an SVD.)"""
+        raw, fixed = self.from_element(G.identity(self.group))
+        raw = {k: (v if self.method == "direct" and k.endswith("X") else torch.zeros_like(v)) for k, v in raw.items()}
+        return raw, {k: torch.ones_like(v) for k, v in fixed.items()}
 
 
 def learnable(group: G.Group) -> bool:
