@@ -16,7 +16,7 @@ def _configs() -> dict:
         "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                             intermediate_size=48, vocab_size=61, max_position_embeddings=32,
                                             rotary_pct=0.5, use_parallel_residual=True, bos_token_id=0, eos_token_id=0),
-        "gpt_neox_seq": lambda: T.GPTNeoXConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=2,
+        "gpt_neox_seq": lambda: T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                 intermediate_size=40, vocab_size=61, max_position_embeddings=32,
                                                 rotary_pct=0.25, use_parallel_residual=False, bos_token_id=0, eos_token_id=0),
         "llama": lambda: T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -43,13 +43,20 @@ ARCHS = tuple(_configs())
 CLASSES = {"vit": T.ViTForImageClassification}
 
 
+def make_config(arch: str):
+    config = _configs()[arch]()
+    config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
+                             "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
+                             "vit": "ViTForImageClassification"}[config.model_type]]
+    return config
+
+
 def make_model(arch: str, seed: int = 0, dtype=torch.float64):
     """A random stock HF model of the given test architecture, with non-trivial norm parameters."""
     torch.manual_seed(seed)
-    config = _configs()[arch]()
+    config = make_config(arch)
     cls = CLASSES.get(arch, T.AutoModelForCausalLM)
     model = cls(config) if arch == "vit" else cls.from_config(config)
-    model.config.architectures = [type(model).__name__]
     gen = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -84,6 +84,10 @@ class Checkpoint:
         except SafetensorError as e:
             raise SymmergeError(f"cannot read tensor {name} from {self._files[name]}: {e}; re-copy the checkpoint") from None
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every stored tensor's shape, read from the file headers."""
+        return {n: tuple(self._open(f).get_slice(n).get_shape()) for n, f in self._files.items()}
+
     def dtype(self) -> torch.dtype:
         """The storage dtype of the first floating tensor (what outputs are written in)."""
         for name in self._files:

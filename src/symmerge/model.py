@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,8 @@ from .adapters.base import Adapter
 from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write_weights
 from .shape import ModelShape
 from .spec import Spec, build_spec
+
+Params = dict[str, torch.Tensor]
 
 
 @dataclass
@@ -38,20 +41,27 @@ def hf_class(name: str):
 
 def expected_tensors(config, class_name: str) -> dict[str, tuple[int, ...]]:
     """Parameter names and shapes of the stock HF model for this config (built on the meta device)."""
+    return dict(_expected_tensors(config.to_json_string(), class_name))
+
+
+@functools.lru_cache(maxsize=32)
+def _expected_tensors(config_json: str, class_name: str) -> tuple:
+    config = hf_class(class_name).config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
         model = hf_class(class_name)(config)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
 
 
 def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: dict[str, str]) -> None:
     """Every tensor the HF class needs is present with the shape the config implies."""
     expected = expected_tensors(ckpt.config, shape.hf_class)
+    shapes = ckpt.shapes()
     for name, want in expected.items():
         if name not in names:
             if name == "lm_head.weight" and shape.tied:
                 continue
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        got = tuple(ckpt._open(ckpt._files[names[name]]).get_slice(names[name]).get_shape())
+        got = shapes[names[name]]
         if got != want:
             raise SymmergeError(
                 f"{ckpt.path}: tensor {name} has shape {got} but config.json implies {want}; "
@@ -59,36 +69,76 @@ def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names:
             )
 
 
-def load_model(path, check: bool = True) -> Model:
-    ckpt = Checkpoint(path)
-    adapter = adapter_for(ckpt.config)
-    shape = adapter.shape(ckpt.config)
-    names = {adapter.rename(k): k for k in ckpt.names()}
-    if check:
-        _check_tensors(ckpt, adapter, shape, names)
+class LazyModel:
+    """A checkpoint whose canonical tensors are read one part at a time."""
 
-    def get(name: str) -> torch.Tensor:
-        if name not in names:
-            raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        t = ckpt.get(names[name]).to(torch.float64)
+    def __init__(self, path):
+        self.ckpt = Checkpoint(path)
+        self.path = self.ckpt.path
+        self.config = self.ckpt.config
+        self.adapter = adapter_for(self.config)
+        self.shape = self.adapter.shape(self.config)
+        self.spec = build_spec(self.shape)
+        self.dtype = self.ckpt.dtype()
+        self._names = {self.adapter.rename(k): k for k in self.ckpt.names()}
+        _check_tensors(self.ckpt, self.adapter, self.shape, self._names)
+
+    def get(self, name: str, *default) -> torch.Tensor:
+        if name not in self._names:
+            if default:
+                return default[0]
+            raise SymmergeError(f"{self.path}: tensor {name} is missing; the checkpoint does not match its config.json")
+        t = self.ckpt.get(self._names[name]).to(torch.float64)
         if not torch.isfinite(t).all():
-            raise SymmergeError(f"{ckpt.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
+            raise SymmergeError(f"{self.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
         return t
 
-    params = adapter.to_canonical(get, shape, lambda n: n in names)
-    meta = {}
-    if (ckpt.path / "symmerge.json").is_file():
-        meta = json.loads((ckpt.path / "symmerge.json").read_text())
-    return Model(ckpt.path, ckpt.config, adapter, shape, build_spec(shape), params, ckpt.dtype(), meta)
+    def ends(self) -> Params:
+        """Canonical embeddings, final norm, head and eps."""
+        out = self.adapter.embed_to_canonical(self.get, self.shape)
+        out.update(self.adapter.final_to_canonical(self.get, self.shape))
+        return out
+
+    def block(self, i: int) -> Params:
+        return self.adapter.block_to_canonical(self.get, self.shape, i)
+
+    def as_model(self) -> Model:
+        """Everything in memory (for small models)."""
+        params = self.ends()
+        for i in range(self.shape.n_layers):
+            params.update(self.block(i))
+        meta = {}
+        if (self.path / "symmerge.json").is_file():
+            meta = json.loads((self.path / "symmerge.json").read_text())
+        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, meta)
+
+
+def load_model(path) -> Model:
+    """A checkpoint folder in canonical form, in memory."""
+    return LazyModel(path).as_model()
 
 
 def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None):
     """(config, HF state dict) for canonical `params` (default: the model's own), cast once to `dtype`."""
     params = model.params if params is None else params
     config = model.adapter.export_config(model.config, model.shape, params)
-    sd = model.adapter.from_canonical(params, model.shape)
+    sd = keep_expected(model.adapter.from_canonical(params, model.shape), config, model.shape.hf_class)
     dtype = dtype or model.dtype
-    return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}  # no shared storage
+    return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}
+
+
+def keep_expected(sd: dict[str, torch.Tensor], config, class_name: str, partial: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors the HF class holds; a dropped one must be zero (an absent bias).
+
+    With `partial`, `sd` is one part of the model (a block) and missing tensors are not an error."""
+    expected = expected_tensors(config, class_name)
+    for k, v in sd.items():
+        if k not in expected and bool(v.detach().ne(0).any()):
+            raise SymmergeError(f"internal: {class_name} has no {k}, but the export needs it non-zero")
+    missing = [k for k in expected if k not in sd]
+    if missing and not partial:
+        raise SymmergeError(f"internal: export of {class_name} lacks {missing[:3]}")
+    return {k: sd[k] for k in expected if k in sd}
 
 
 def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str):
@@ -108,9 +158,6 @@ def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool =
     """Write canonical `params` as a stock HF checkpoint of the model's class, atomically."""
     out = prepare_output(out, force)
     config, sd = export_state_dict(model, params, dtype)
-    expected = expected_tensors(config, model.shape.hf_class)
-    if set(sd) != set(expected):
-        raise SymmergeError(f"internal: export of {model.shape.hf_class} gives keys {sorted(set(sd) ^ set(expected))[:4]} that the class does not have")
     with AtomicFolder(out) as tmp:
         config.architectures = [model.shape.hf_class]
         config.save_pretrained(tmp)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 
-from .model import Model
+from .model import LazyModel
 
 
-def describe(model: Model) -> dict:
-    """What `symmerge inspect` prints: shape, groups by family, dimensions, parameter count."""
-    from .model import export_state_dict
+def describe(model: LazyModel) -> dict:
+    """What `symmerge inspect` prints: shape, groups by family, dimensions, parameter count.
 
-    _, sd = export_state_dict(model)
-    n_params = sum(t.numel() for t in sd.values())
+    Reads only the checkpoint's headers (tensor shapes), never its weights."""
+    n_params = sum(math.prod(shape) for shape in model.ckpt.shapes().values())
     families = []
     for fam in model.spec.families():
         members = [g for g in model.spec.groups.values() if g.family == fam]
@@ -28,4 +27,5 @@ def describe(model: Model) -> dict:
         "path": str(model.path), "arch": model.shape.arch, "hf_class": model.shape.hf_class,
         "shape": model.shape.to_dict(), "parameters": n_params, "families": families,
         "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes,
+        "dtype": str(model.dtype).replace("torch.", ""),
     }

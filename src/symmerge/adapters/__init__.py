@@ -5,9 +5,13 @@ from __future__ import annotations
 from .. import SymmergeError
 from .base import Adapter
 from .gpt2 import GPT2Adapter
+from .gpt_neox import GPTNeoXAdapter
+from .llama import LlamaAdapter
+from .olmo import OlmoAdapter
+from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GPT2Adapter(),):
+for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), OlmoAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 

@@ -24,7 +24,8 @@ from .. import SymmergeError
 from ..canonical import fold_norm, mean_free, merge_o, merge_q, split_kv, split_o, split_q
 from ..shape import ModelShape
 
-Getter = Callable[[str], torch.Tensor]
+#: get(name) -> float64 tensor (error if missing); get(name, None) -> None if missing
+Getter = Callable[..., torch.Tensor]
 
 
 class Adapter:
@@ -43,10 +44,15 @@ class Adapter:
     def block_to_canonical(self, get: Getter, s: ModelShape, i: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def final_to_canonical(self, get: Getter, s: ModelShape, has: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    def final_to_canonical(self, get: Getter, s: ModelShape) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+    def ends_from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+        """HF tensors outside the blocks: embeddings, final norm (unit weight), head."""
+        raise NotImplementedError
+
+    def block_from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape, i: int) -> dict[str, torch.Tensor]:
+        """HF tensors of block i (norms exported with unit weight and zero bias)."""
         raise NotImplementedError
 
     def export_config(self, config, s: ModelShape, params: dict[str, torch.Tensor]):
@@ -61,11 +67,17 @@ class Adapter:
             key = re.sub(pattern, repl, key)
         return key
 
-    def to_canonical(self, get: Getter, s: ModelShape, has: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    def from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
+        sd = self.ends_from_canonical(params, s)
+        for i in range(s.n_layers):
+            sd.update(self.block_from_canonical(params, s, i))
+        return sd
+
+    def to_canonical(self, get: Getter, s: ModelShape) -> dict[str, torch.Tensor]:
         params = self.embed_to_canonical(get, s)
         for i in range(s.n_layers):
             params.update(self.block_to_canonical(get, s, i))
-        params.update(self.final_to_canonical(get, s, has))
+        params.update(self.final_to_canonical(get, s))
         return params
 
 
@@ -145,3 +157,9 @@ def final_norm_to_canonical(w_u, b_u, gamma, beta, eps: float) -> dict[str, torc
     out["head.W_U"] = w_u * gamma
     out["final.b_norm"] = beta / gamma
     return out
+
+
+def any_attention_bias(params: dict[str, torch.Tensor], s: ModelShape) -> bool:
+    """Whether any attention bias is non-zero (then the exported config must enable attention biases)."""
+    names = ("b_Q", "b_K", "b_V", "b_O")
+    return any(bool(params[f"blocks.{i}.attn.{n}"].ne(0).any()) for i in range(s.n_layers) for n in names)

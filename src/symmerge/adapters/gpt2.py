@@ -12,7 +12,15 @@ import torch
 
 from ..canonical import fold_norm
 from ..shape import ModelShape
-from .base import Adapter, attention_from_canonical, attention_to_canonical, final_norm_to_canonical, fold_attention, make_mean_free, require
+from .base import (
+    Adapter,
+    attention_from_canonical,
+    attention_to_canonical,
+    final_norm_to_canonical,
+    fold_attention,
+    make_mean_free,
+    require,
+)
 
 
 class GPT2Adapter(Adapter):
@@ -48,27 +56,27 @@ class GPT2Adapter(Adapter):
                     f"{p}.mlp.W_out": get(f"{hf}.mlp.c_proj.weight").T, f"{p}.mlp.b_out": get(f"{hf}.mlp.c_proj.bias")})
         return make_mean_free(out, s)
 
-    def final_to_canonical(self, get, s, has):
-        w_u = get("lm_head.weight") if has("lm_head.weight") else get("transformer.wte.weight")
+    def final_to_canonical(self, get, s):
+        w_u = get("lm_head.weight", None)
+        w_u = get("transformer.wte.weight") if w_u is None else w_u
         return final_norm_to_canonical(w_u, None, get("transformer.ln_f.weight"), get("transformer.ln_f.bias"), s.eps)
 
-    def from_canonical(self, params, s):
+    def ends_from_canonical(self, params, s):
+        return {"transformer.wte.weight": params["embed.W_E"], "transformer.wpe.weight": params["embed.W_pos"],
+                "transformer.ln_f.weight": torch.ones(s.d_model, dtype=torch.float64),
+                "transformer.ln_f.bias": params["final.b_norm"], "lm_head.weight": params["head.W_U"]}
+
+    def block_from_canonical(self, params, s, i):
         ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
-        sd = {"transformer.wte.weight": params["embed.W_E"], "transformer.wpe.weight": params["embed.W_pos"]}
-        for i in range(s.n_layers):
-            p, hf = f"blocks.{i}", f"transformer.h.{i}"
-            q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-            sd.update({
-                f"{hf}.ln_1.weight": ones, f"{hf}.ln_1.bias": zeros, f"{hf}.ln_2.weight": ones, f"{hf}.ln_2.bias": zeros,
-                f"{hf}.attn.c_attn.weight": torch.cat([q, k, v], 0).T, f"{hf}.attn.c_attn.bias": torch.cat([bq, bk, bv]),
-                f"{hf}.attn.c_proj.weight": o.T, f"{hf}.attn.c_proj.bias": bo,
-                f"{hf}.mlp.c_fc.weight": params[f"{p}.mlp.W_in"].T, f"{hf}.mlp.c_fc.bias": params[f"{p}.mlp.b_in"],
-                f"{hf}.mlp.c_proj.weight": params[f"{p}.mlp.W_out"].T, f"{hf}.mlp.c_proj.bias": params[f"{p}.mlp.b_out"],
-            })
-        sd["transformer.ln_f.weight"] = ones
-        sd["transformer.ln_f.bias"] = params["final.b_norm"]
-        sd["lm_head.weight"] = params["head.W_U"]
-        return sd
+        p, hf = f"blocks.{i}", f"transformer.h.{i}"
+        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+        return {
+            f"{hf}.ln_1.weight": ones, f"{hf}.ln_1.bias": zeros, f"{hf}.ln_2.weight": ones, f"{hf}.ln_2.bias": zeros,
+            f"{hf}.attn.c_attn.weight": torch.cat([q, k, v], 0).T, f"{hf}.attn.c_attn.bias": torch.cat([bq, bk, bv]),
+            f"{hf}.attn.c_proj.weight": o.T, f"{hf}.attn.c_proj.bias": bo,
+            f"{hf}.mlp.c_fc.weight": params[f"{p}.mlp.W_in"].T, f"{hf}.mlp.c_fc.bias": params[f"{p}.mlp.b_in"],
+            f"{hf}.mlp.c_proj.weight": params[f"{p}.mlp.W_out"].T, f"{hf}.mlp.c_proj.bias": params[f"{p}.mlp.b_out"],
+        }
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

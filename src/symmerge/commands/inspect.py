@@ -15,9 +15,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..model import load_model
+    from ..model import LazyModel
 
-    info = describe(load_model(args.model))
+    info = describe(LazyModel(args.model))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -25,16 +25,15 @@ def parse_groups(text: str | None) -> list[str] | None:
 def run(args) -> int:
     from ..apply import apply
     from ..io import prepare_output
-    from ..model import load_model, save_model
     from ..spec import random_element
+    from ..stream import LazyModel, write_streaming
 
     prepare_output(args.out, args.force)  # fail before any work
-    model = load_model(args.model)
+    model = LazyModel(args.model)  # block by block: memory does not grow with depth
     families = parse_groups(args.groups)
     g = random_element(model.spec, torch.Generator().manual_seed(args.seed), families, args.spread)
-    params = apply(model.spec, g, model.params)
-    out = save_model(model, params, args.out, force=args.force,
-                     extra={"transform": {"source": str(args.model), "seed": args.seed, "groups": families or "all"}})
+    extra = {"transform": {"source": str(args.model), "seed": args.seed, "groups": families or "all"}}
+    out = write_streaming(model, lambda part: apply(model.spec, g, part), args.out, force=args.force, extra=extra)
     print(f"wrote {out}: {model.shape.hf_class} transformed by a random element of "
           f"{', '.join(families or model.spec.families())} (seed {args.seed})")
     return 0

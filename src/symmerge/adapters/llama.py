@@ -1,0 +1,109 @@
+"""Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`): RMSNorm, SwiGLU, RoPE, GQA.
+
+RMSNorm does not centre, so the full O(d) acts on the residual stream and writers are left as they
+are; its weight folds into q, k, v (input norm), gate and up (post-attention norm) and the LM head
+(final norm). GQA: query head h uses KV head h // q_per_kv (HF's `repeat_kv`), so a KV head and its
+query heads move together and share their QK and OV maps. RoPE is `rotate_half` over the whole head.
+Biases: Llama's `attention_bias`/`mlp_bias` config flags, Qwen2's fixed q/k/v biases; whatever the
+checkpoint holds is read, and the export writes exactly the tensors the HF class expects.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..canonical import fold_norm
+from ..shape import ModelShape
+from .base import Adapter, attention_from_canonical, attention_to_canonical, final_norm_to_canonical, require, rotary_dims
+
+
+def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config: bool) -> ModelShape:
+    d, h = c.hidden_size, c.num_attention_heads
+    kv = getattr(c, "num_key_value_heads", None) or h
+    dh = getattr(c, "head_dim", None) or d // h
+    require(h % kv == 0, f"num_attention_heads={h} is not a multiple of num_key_value_heads={kv}")
+    return ModelShape(
+        arch=adapter.name, hf_class=hf_class, d_model=d, n_layers=c.num_hidden_layers, n_heads=h, n_kv_heads=kv,
+        d_head=dh, d_mlp=c.intermediate_size, vocab=c.vocab_size, norm=norm, gated=True, parallel=False,
+        rotary_dims=rotary_dims(c, dh), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
+        eps=float(getattr(c, "rms_norm_eps", 1e-5)), eps_in_config=eps_in_config, activation=c.hidden_act,
+        clip_qkv=getattr(c, "clip_qkv", None),
+    )
+
+
+def decoder_block_to_canonical(get, s: ModelShape, i: int, ln1, ln2) -> dict[str, torch.Tensor]:
+    """Llama-layout block (`model.layers.i.self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`).
+
+    ln1, ln2: (gamma, beta) of the norms read by attention and MLP (beta None for RMSNorm)."""
+    p, hf = f"blocks.{i}", f"model.layers.{i}"
+    a = lambda n: get(f"{hf}.self_attn.{n}_proj.weight")  # noqa: E731
+    ab = lambda n: get(f"{hf}.self_attn.{n}_proj.bias", None)  # noqa: E731
+    q, bq = fold_norm(a("q"), ab("q"), *ln1)
+    k, bk = fold_norm(a("k"), ab("k"), *ln1)
+    v, bv = fold_norm(a("v"), ab("v"), *ln1)
+    out = attention_to_canonical(p, s, q, k, v, a("o"), bq, bk, bv, ab("o"))
+    m = lambda n: get(f"{hf}.mlp.{n}_proj.weight")  # noqa: E731
+    mb = lambda n: get(f"{hf}.mlp.{n}_proj.bias", None)  # noqa: E731
+    w_gate, b_gate = fold_norm(m("gate"), mb("gate"), *ln2)
+    w_in, b_in = fold_norm(m("up"), mb("up"), *ln2)
+    b_out = mb("down")
+    out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_gate": w_gate, f"{p}.mlp.b_gate": b_gate,
+                f"{p}.mlp.W_out": m("down"),
+                f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out})
+    return out
+
+
+def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool) -> dict[str, torch.Tensor]:
+    sd = {"model.embed_tokens.weight": params["embed.W_E"], "lm_head.weight": params["head.W_U"]}
+    if norm_weights:
+        sd["model.norm.weight"] = torch.ones(s.d_model, dtype=torch.float64)
+    return sd
+
+
+def decoder_block_from_canonical(params, s: ModelShape, i: int, norm_weights: bool) -> dict[str, torch.Tensor]:
+    """All tensors a Llama-layout block could hold; `keep_expected` keeps those the class has."""
+    p, hf = f"blocks.{i}", f"model.layers.{i}"
+    q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+    sd = {}
+    for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
+        sd[f"{hf}.self_attn.{n}_proj.weight"], sd[f"{hf}.self_attn.{n}_proj.bias"] = w, b
+    for n, c in (("gate", "gate"), ("up", "in"), ("down", "out")):
+        sd[f"{hf}.mlp.{n}_proj.weight"], sd[f"{hf}.mlp.{n}_proj.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
+    if norm_weights:
+        ones = torch.ones(s.d_model, dtype=torch.float64)
+        sd[f"{hf}.input_layernorm.weight"] = ones
+        sd[f"{hf}.post_attention_layernorm.weight"] = ones
+    return sd
+
+
+class LlamaAdapter(Adapter):
+    name = "llama"
+    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+    def shape(self, c) -> ModelShape:
+        arch = (getattr(c, "architectures", None) or ["LlamaForCausalLM"])[0]
+        return _decoder_shape(self, c, arch if arch in self.hf_classes else "LlamaForCausalLM", "rmsnorm", True)
+
+    def embed_to_canonical(self, get, s):
+        return {"embed.W_E": get("model.embed_tokens.weight")}
+
+    def block_to_canonical(self, get, s, i):
+        hf = f"model.layers.{i}"
+        return decoder_block_to_canonical(get, s, i, (get(f"{hf}.input_layernorm.weight"), None),
+                                          (get(f"{hf}.post_attention_layernorm.weight"), None))
+
+    def final_to_canonical(self, get, s):
+        w_u = get("lm_head.weight", None)
+        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
+        return final_norm_to_canonical(w_u, None, get("model.norm.weight"), None, s.eps)
+
+    def ends_from_canonical(self, params, s):
+        return decoder_ends_from_canonical(params, s, norm_weights=True)
+
+    def block_from_canonical(self, params, s, i):
+        return decoder_block_from_canonical(params, s, i, norm_weights=True)
+
+    def export_config(self, config, s, params):
+        config = super().export_config(config, s, params)
+        config.rms_norm_eps = float(params["norm.eps"])
+        return config

@@ -1,0 +1,109 @@
+"""ViT (`ViTForImageClassification`): patch projection, CLS token, learned positions, classifier.
+
+Writers: the patch projection (a Conv2d whose output channels are the residual axis), its bias, the
+CLS token, the position embeddings, attention and MLP outputs. The classifier has a bias, so the
+final LayerNorm folds into it completely. LayerNorm model: writers mean-free, rotation fixes the
+all-ones vector. Checkpoints saved by transformers 4 (`vit.encoder.layer.i.attention.attention.query`)
+are renamed to the current layout on reading.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..canonical import fold_norm
+from ..shape import ModelShape
+from .base import (
+    Adapter,
+    any_attention_bias,
+    attention_from_canonical,
+    attention_to_canonical,
+    final_norm_to_canonical,
+    fold_attention,
+    make_mean_free,
+    require,
+)
+
+
+class ViTAdapter(Adapter):
+    name = "vit"
+    hf_classes = ("ViTForImageClassification",)
+    renames = (
+        (r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.query\.", r"vit.layers.\1.attention.q_proj."),
+        (r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.key\.", r"vit.layers.\1.attention.k_proj."),
+        (r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.value\.", r"vit.layers.\1.attention.v_proj."),
+        (r"^vit\.encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"vit.layers.\1.attention.o_proj."),
+        (r"^vit\.encoder\.layer\.(\d+)\.intermediate\.dense\.", r"vit.layers.\1.mlp.fc1."),
+        (r"^vit\.encoder\.layer\.(\d+)\.output\.dense\.", r"vit.layers.\1.mlp.fc2."),
+        (r"^vit\.encoder\.layer\.(\d+)\.", r"vit.layers.\1."),
+    )
+
+    def shape(self, c) -> ModelShape:
+        d, h = c.hidden_size, c.num_attention_heads
+        require(d % h == 0, f"hidden_size={d} is not divisible by num_attention_heads={h}")
+        n_patches = (c.image_size // c.patch_size) ** 2
+        return ModelShape(
+            arch=self.name, hf_class="ViTForImageClassification", d_model=d, n_layers=c.num_hidden_layers, n_heads=h,
+            n_kv_heads=h, d_head=d // h, d_mlp=c.intermediate_size, vocab=c.num_labels, norm="layernorm",
+            gated=False, parallel=False, rotary_dims=0, rotary_layout="none", tied=False, eps=float(c.layer_norm_eps),
+            eps_in_config=True, activation=c.hidden_act, n_positions=n_patches + 1,
+        )
+
+    def embed_to_canonical(self, get, s):
+        e = "vit.embeddings"
+        return make_mean_free({
+            "embed.W_patch": get(f"{e}.patch_embeddings.projection.weight"),  # (d, C, p, p)
+            "embed.b_patch": get(f"{e}.patch_embeddings.projection.bias"),
+            "embed.cls": get(f"{e}.cls_token").reshape(-1),  # (1, 1, d) -> (d,)
+            "embed.W_pos": get(f"{e}.position_embeddings")[0],  # (1, N+1, d) -> (N+1, d)
+        }, s)
+
+    def block_to_canonical(self, get, s, i):
+        p, hf = f"blocks.{i}", f"vit.layers.{i}"
+        a = lambda n: get(f"{hf}.attention.{n}_proj.weight")  # noqa: E731
+        ab = lambda n: get(f"{hf}.attention.{n}_proj.bias", None)  # noqa: E731
+        ln1 = (get(f"{hf}.layernorm_before.weight"), get(f"{hf}.layernorm_before.bias"))
+        q, k, v, bq, bk, bv = fold_attention(a("q"), a("k"), a("v"), ab("q"), ab("k"), ab("v"), *ln1)
+        out = attention_to_canonical(p, s, q, k, v, a("o"), bq, bk, bv, ab("o"))
+        ln2 = (get(f"{hf}.layernorm_after.weight"), get(f"{hf}.layernorm_after.bias"))
+        w_in, b_in = fold_norm(get(f"{hf}.mlp.fc1.weight"), get(f"{hf}.mlp.fc1.bias"), *ln2)
+        out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in,
+                    f"{p}.mlp.W_out": get(f"{hf}.mlp.fc2.weight"), f"{p}.mlp.b_out": get(f"{hf}.mlp.fc2.bias")})
+        return make_mean_free(out, s)
+
+    def final_to_canonical(self, get, s):
+        return final_norm_to_canonical(get("classifier.weight"), get("classifier.bias"),
+                                       get("vit.layernorm.weight"), get("vit.layernorm.bias"), s.eps)
+
+    def ends_from_canonical(self, params, s):
+        e = "vit.embeddings"
+        return {
+            f"{e}.patch_embeddings.projection.weight": params["embed.W_patch"],
+            f"{e}.patch_embeddings.projection.bias": params["embed.b_patch"],
+            f"{e}.cls_token": params["embed.cls"].reshape(1, 1, -1),
+            f"{e}.position_embeddings": params["embed.W_pos"].unsqueeze(0),
+            "vit.layernorm.weight": torch.ones(s.d_model, dtype=torch.float64),
+            "vit.layernorm.bias": torch.zeros(s.d_model, dtype=torch.float64),
+            "classifier.weight": params["head.W_U"], "classifier.bias": params["head.b_U"],
+        }
+
+    def block_from_canonical(self, params, s, i):
+        ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
+        p, hf = f"blocks.{i}", f"vit.layers.{i}"
+        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+        sd = {}
+        for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
+            sd[f"{hf}.attention.{n}_proj.weight"], sd[f"{hf}.attention.{n}_proj.bias"] = w, b
+        sd.update({
+            f"{hf}.layernorm_before.weight": ones, f"{hf}.layernorm_before.bias": zeros,
+            f"{hf}.layernorm_after.weight": ones, f"{hf}.layernorm_after.bias": zeros,
+            f"{hf}.mlp.fc1.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.fc1.bias": params[f"{p}.mlp.b_in"],
+            f"{hf}.mlp.fc2.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.fc2.bias": params[f"{p}.mlp.b_out"],
+        })
+        return sd
+
+    def export_config(self, config, s, params):
+        config = super().export_config(config, s, params)
+        config.layer_norm_eps = float(params["norm.eps"])
+        config.qkv_bias = bool(getattr(config, "qkv_bias", True)) or any_attention_bias(params, s)
+        return config

@@ -1,0 +1,123 @@
+"""Loss and accuracy along the straight line between two models, and the barrier on it.
+
+For each λ the canonical parameters are interpolated, exported to the HF layout and run through the
+*stock* forward of one HF model object with `torch.func.functional_call`: one forward implementation,
+the one users run, and no model built per λ.
+
+    loss barrier     = max_λ [ L(λ) − ((1−λ) L(0) + λ L(1)) ]
+    accuracy barrier = max_λ [ ((1−λ) Acc(0) + λ Acc(1)) − Acc(λ) ]
+
+Both are measured on the same batches at every λ.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm import tqdm
+
+from .evaluate import evaluate_params
+from .merge import check_compatible, interpolate
+from .model import Model, build_hf_model, export_state_dict
+
+
+def set_norm_eps(hf_model, eps: float) -> None:
+    """Point every normalisation layer at `eps` (the residual scale moves eps; see spec.py)."""
+    for module in hf_model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = eps
+        elif hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = eps
+
+
+class PathEvaluator:
+    """Evaluates canonical parameters of models shaped like `template` through one stock HF model."""
+
+    def __init__(self, template: Model, dtype: torch.dtype | None = None):
+        self.template = template
+        self.dtype = dtype or template.dtype
+        config, sd = export_state_dict(template, dtype=self.dtype)
+        self.hf = build_hf_model(config, sd, template.shape.hf_class)
+
+    def state_dict(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return export_state_dict(self.template, params, self.dtype)[1]
+
+    def evaluate(self, params: dict[str, torch.Tensor], batches: list[dict]) -> dict:
+        if self.template.shape.eps_in_config:
+            set_norm_eps(self.hf, float(params["norm.eps"]))
+        return evaluate_params(self.hf, self.state_dict(params), batches)
+
+
+def _line(lams, values, i):
+    return (1 - lams[i]) * values[0] + lams[i] * values[-1]
+
+
+def summarise(lams: list[float], losses: list[float], accs: list[float]) -> dict:
+    """Barriers from a curve whose first and last points are λ = 0 and λ = 1."""
+    loss_gap = [losses[i] - _line(lams, losses, i) for i in range(len(lams))]
+    acc_gap = [_line(lams, accs, i) - accs[i] for i in range(len(lams))]
+    i_loss = max(range(len(lams)), key=lambda i: loss_gap[i])
+    i_acc = max(range(len(lams)), key=lambda i: acc_gap[i])
+    return {"barrier": loss_gap[i_loss], "barrier_lambda": lams[i_loss],
+            "accuracy_barrier": acc_gap[i_acc], "accuracy_barrier_lambda": lams[i_acc]}
+
+
+def barrier(a: Model, b: Model, batches: list[dict], points: int = 11, refine: bool = False,
+            progress: bool = True, dtype: torch.dtype | None = None) -> dict:
+    """Loss/accuracy at `points` evenly spaced λ in [0, 1] (plus 4 around the peak with `refine`)."""
+    check_compatible(a, b)
+    evaluator = PathEvaluator(a, dtype)
+    lams = [i / (points - 1) for i in range(points)]
+    results: dict[float, dict] = {}
+    start = time.perf_counter()
+
+    def run(todo):
+        for lam in tqdm(todo, desc="barrier", unit="λ", disable=not progress):
+            results[lam] = evaluator.evaluate(interpolate(a.params, b.params, lam), batches)
+
+    run(lams)
+    if refine:
+        curve = sorted(results)
+        s = summarise(curve, [results[x]["loss"] for x in curve], [results[x]["accuracy"] for x in curve])
+        step = 1.0 / (points - 1)
+        peak = s["barrier_lambda"]
+        extra = [peak + f * step for f in (-0.5, -0.25, 0.25, 0.5)]
+        run([x for x in extra if 0 < x < 1 and x not in results])
+    curve = sorted(results)
+    out = {
+        "lambdas": curve,
+        "loss": [results[x]["loss"] for x in curve],
+        "loss_se": [results[x]["loss_se"] for x in curve],
+        "accuracy": [results[x]["accuracy"] for x in curve],
+        "accuracy_se": [results[x]["accuracy_se"] for x in curve],
+    }
+    out.update(summarise(curve, out["loss"], out["accuracy"]))
+    out.update({"n_batches": len(batches), "seconds": time.perf_counter() - start})
+    return out
+
+
+def plot(result: dict, path, title: str = "") -> None:
+    """Loss and accuracy along the path, with the straight line between the endpoints."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lams = result["lambdas"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "loss", "loss"), (axes[1], "accuracy", "accuracy")):
+        ys = result[key]
+        ax.plot(lams, ys, "o-", label=f"{label} along the path")
+        ax.plot([lams[0], lams[-1]], [ys[0], ys[-1]], "--", color="gray", label="endpoint line")
+        ax.set_xlabel("λ  (0 = A, 1 = B)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_title(f"loss barrier {result['barrier']:.4f}")
+    axes[1].set_title(f"accuracy barrier {result['accuracy_barrier']:.4f}")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,30 @@
+"""`symmerge interpolate A B --lam L -o OUT`: write (1-L)·A + L·B as a stock checkpoint of A's class."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("interpolate", help="write (1-λ)·A + λ·B (in canonical form) as a stock HF checkpoint")
+    p.add_argument("a", help="checkpoint folder A (λ = 0)")
+    p.add_argument("b", help="checkpoint folder B (λ = 1)")
+    p.add_argument("--lam", type=float, required=True, help="interpolation weight λ in [0, 1]")
+    p.add_argument("--extrapolate", action="store_true", help="allow λ outside [0, 1]")
+    p.add_argument("-o", "--out", required=True, help="output folder")
+    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..io import prepare_output
+    from ..merge import check_compatible, check_lambda, interpolate
+    from ..model import load_model, save_model
+
+    check_lambda(args.lam, args.extrapolate)
+    prepare_output(args.out, args.force)
+    a, b = load_model(args.a), load_model(args.b)
+    check_compatible(a, b)
+    params = interpolate(a.params, b.params, args.lam)
+    save_model(a, params, args.out, force=args.force,
+               extra={"interpolate": {"a": str(args.a), "b": str(args.b), "lambda": args.lam}})
+    print(f"wrote {args.out}: (1 - {args.lam})·A + {args.lam}·B")
+    return 0

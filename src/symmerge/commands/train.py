@@ -1,0 +1,49 @@
+"""`symmerge train --arch A --preset P --data PATH --seed N -o DIR`: train a small model from scratch."""
+
+from __future__ import annotations
+
+from ..presets import ARCHS
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a small stock HF model from scratch (deterministic for a seed; resumable)")
+    p.add_argument("--arch", required=True, choices=ARCHS, help="architecture")
+    p.add_argument("--preset", default="tiny", help="model/optimiser preset: tiny (seconds) or small (the papers' size)")
+    p.add_argument("--data", required=True, help="a .txt file (language models); an IDX folder, mnist.pkl.gz or 'digits' (vit)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the initialisation and the data order")
+    p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force/--resume)")
+    p.add_argument("--tokenizer", default="char", choices=("char", "bpe", "gpt2"), help="tokenizer built into the model folder")
+    p.add_argument("--gpt2-bpe", default=None, metavar="DIR", help="folder with GPT-2's encoder.json and vocab.bpe (--tokenizer gpt2)")
+    p.add_argument("--vocab-size", type=int, default=2048, help="vocabulary size of --tokenizer bpe")
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the preset's)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the preset's)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
+    p.add_argument("--warmup", type=int, default=None, help="linear warmup steps (default: the preset's)")
+    p.add_argument("--save-every", type=int, default=None, help="save the resumable state every N steps")
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run saved in OUT/.train_state")
+    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (results are bitwise reproducible for a fixed count)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from ..train import TrainArgs, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    targs = TrainArgs(arch=args.arch, preset=args.preset, data=args.data, seed=args.seed, out=args.out,
+                      tokenizer=args.tokenizer, gpt2_bpe=args.gpt2_bpe, vocab_size=args.vocab_size, steps=args.steps,
+                      batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, save_every=args.save_every, resume=args.resume,
+                      force=args.force)
+    out = train(targs)
+    import json
+
+    rec = json.loads((out / "symmerge.json").read_text())["train"]
+    unit = "image" if args.arch == "vit" else "token"
+    print(f"wrote {out}: {rec['hf_class']}, {rec['steps_done']} steps in {rec['wall_s']:.0f} s; "
+          f"final train loss {rec['final_train_loss']:.4f}; "
+          f"validation loss/{unit} {rec['validation']['loss']:.4f}, test loss/{unit} {rec['test']['loss']:.4f} "
+          f"(accuracy {rec['test']['accuracy']:.4f})")
+    return 0

@@ -1,0 +1,58 @@
+"""Interpolation and merging in canonical form.
+
+Canonical tensors of two models with the same `ModelShape` live in the same coordinates (norms
+folded, heads explicit), so a merge is plain arithmetic on them; the result is exported through the
+adapter as a stock checkpoint. `interpolate(A, A, λ) = A` exactly, and interpolating after aligning B
+to A (`g·B`) is the point of the whole tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import SymmergeError
+from .model import Model
+
+#: shape fields that may differ between two models that are still interpolable
+_FREE_FIELDS = ("eps", "tied")
+
+
+def check_compatible(a: Model, b: Model) -> None:
+    """Raise a SymmergeError naming the first mismatch between two models' shapes."""
+    if a.shape.hf_class != b.shape.hf_class:
+        raise SymmergeError(f"A is a {a.shape.hf_class} and B a {b.shape.hf_class}; both must be the same architecture")
+    sa, sb = dataclasses.asdict(a.shape), dataclasses.asdict(b.shape)
+    for key in sa:
+        if key not in _FREE_FIELDS and sa[key] != sb[key]:
+            what = {"vocab": "vocabularies (or classes)", "n_layers": "layer counts", "d_model": "widths",
+                    "d_mlp": "FFN widths", "n_heads": "head counts"}.get(key, key)
+            raise SymmergeError(f"A and B differ in {what}: {key}={sa[key]} vs {sb[key]}; they cannot be interpolated")
+    if set(a.params) != set(b.params):
+        raise SymmergeError(f"A and B hold different tensors: {sorted(set(a.params) ^ set(b.params))[:3]}")
+
+
+def check_lambda(lam: float, extrapolate: bool = False) -> None:
+    if not extrapolate and not 0.0 <= lam <= 1.0:
+        raise SymmergeError(f"lambda={lam} is outside [0, 1]; pass --extrapolate to go beyond the endpoints")
+
+
+def interpolate(pa: dict[str, torch.Tensor], pb: dict[str, torch.Tensor], lam: float) -> dict[str, torch.Tensor]:
+    """(1 - λ)·A + λ·B, tensor by tensor (λ = 0 returns A's tensors, λ = 1 B's, exactly)."""
+    if lam == 0.0:
+        return dict(pa)
+    if lam == 1.0:
+        return dict(pb)
+    return {k: torch.lerp(pa[k], pb[k], lam) for k in pa}
+
+
+def average(params: list[dict[str, torch.Tensor]], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """Weighted average of several canonical parameter dicts (weights normalised to sum to 1)."""
+    if not params:
+        raise SymmergeError("nothing to average")
+    w = torch.tensor(weights if weights is not None else [1.0] * len(params), dtype=torch.float64)
+    if (w < 0).any() or float(w.sum()) == 0:
+        raise SymmergeError(f"merge weights {w.tolist()} must be non-negative and not all zero")
+    w = w / w.sum()
+    return {k: sum(float(wi) * p[k] for wi, p in zip(w, params)) for k in params[0]}

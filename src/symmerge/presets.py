@@ -1,0 +1,107 @@
+"""Model and optimiser presets for `symmerge train`, one table per architecture.
+
+`small` is the papers' size: 6 layers, width 256, 4 heads, context 256 (Tiny Shakespeare); the same
+shape for GPT-NeoX, Llama (grouped-query attention with 2 KV heads, SwiGLU width 688 ~ 8/3 d) and
+OLMo. ViT `small` is 6 layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
+`tiny` presets train in a second and exist for tests. Dropout is 0 everywhere (so training is a
+function of the seed alone, and a resumed run can equal an uninterrupted one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from . import SymmergeError
+
+ARCHS = ("gpt2", "neox", "llama", "olmo", "vit")
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
+              "olmo": "OlmoForCausalLM", "vit": "ViTForImageClassification"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shape (d_model, layers, heads, kv_heads, d_mlp, context or patch sizes) and optimisation."""
+
+    d_model: int
+    layers: int
+    heads: int
+    d_mlp: int
+    context: int = 0  # language models: window length in tokens
+    kv_heads: int | None = None  # llama only (GQA); None = heads
+    patch: dict = field(default_factory=dict)  # vit: image side -> patch side
+    batch_size: int = 16
+    steps: int = 1000
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float = 1.0
+    save_every: int = 200
+
+    def to_json(self) -> dict:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in asdict(self).items()}
+
+
+_TINY_LM = dict(d_model=32, layers=2, heads=4, d_mlp=64, context=32, batch_size=4, steps=20, lr=3e-3, warmup=5,
+                save_every=10)
+_SMALL_LM = dict(d_model=256, layers=6, heads=4, d_mlp=1024, context=256, batch_size=16, steps=2000, lr=1e-3,
+                 warmup=100)
+
+PRESETS: dict[str, dict[str, Preset]] = {
+    "gpt2": {"tiny": Preset(**_TINY_LM), "small": Preset(**_SMALL_LM)},
+    "neox": {"tiny": Preset(**_TINY_LM), "small": Preset(**_SMALL_LM)},
+    "llama": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
+              "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
+    "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
+    "vit": {
+        "tiny": Preset(d_model=32, layers=2, heads=4, d_mlp=64, patch={28: 7, 8: 4}, batch_size=16, steps=20,
+                       lr=3e-3, warmup=5, save_every=10),
+        "small": Preset(d_model=256, layers=6, heads=4, d_mlp=1024, patch={28: 4, 8: 2}, batch_size=64, steps=2000,
+                        lr=1e-3, warmup=100),
+    },
+}
+
+
+def get_preset(arch: str, name: str) -> Preset:
+    if arch not in PRESETS:
+        raise SymmergeError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
+    if name not in PRESETS[arch]:
+        raise SymmergeError(f"unknown preset {name!r} for {arch}; choose one of {', '.join(PRESETS[arch])}")
+    return PRESETS[arch][name]
+
+
+def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
+    """The HF config of a language model of this preset (dropout 0, untied heads except GPT-2)."""
+    import transformers as T
+
+    common = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos)
+    if arch == "gpt2":
+        return T.GPT2Config(n_embd=p.d_model, n_layer=p.layers, n_head=p.heads, n_inner=p.d_mlp, n_positions=p.context,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    if arch == "neox":
+        return T.GPTNeoXConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                               intermediate_size=p.d_mlp, max_position_embeddings=p.context, rotary_pct=0.25,
+                               use_parallel_residual=True, hidden_dropout=0.0, attention_dropout=0.0,
+                               tie_word_embeddings=False, **common)
+    if arch == "llama":
+        return T.LlamaConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                             num_key_value_heads=p.kv_heads or p.heads, intermediate_size=p.d_mlp,
+                             max_position_embeddings=p.context, tie_word_embeddings=False, pad_token_id=None, **common)
+    if arch == "olmo":
+        return T.OlmoConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                            intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
+                            pad_token_id=None, **common)
+    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of gpt2, neox, llama, olmo")
+
+
+def vit_config(p: Preset, image_size: int, num_labels: int, num_channels: int = 1):
+    import transformers as T
+
+    if image_size not in p.patch:
+        raise SymmergeError(f"the vit presets know image sizes {sorted(p.patch)}, not {image_size}; "
+                            "use MNIST/Fashion-MNIST (28x28) or digits (8x8)")
+    return T.ViTConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                       intermediate_size=p.d_mlp, image_size=image_size, patch_size=p.patch[image_size],
+                       num_channels=num_channels, num_labels=num_labels, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)

@@ -1,0 +1,29 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from factories import ARCHS, make_model  # noqa: E402
+
+#: where the project's shared data lives (../shared beside the checkout)
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """One saved float64 tiny checkpoint per test architecture (built once per session)."""
+    root = tmp_path_factory.mktemp("models")
+    out = {}
+    for arch in ARCHS:
+        path = root / arch
+        make_model(arch).save_pretrained(path)
+        out[arch] = path
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)

@@ -1,0 +1,142 @@
+"""Training from scratch: determinism per seed, exact resume, stock-loadable outputs, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import load_file
+
+from symmerge import SymmergeError
+from symmerge.cli import main
+from symmerge.data import load_batches
+from symmerge.evaluate import evaluate
+from symmerge.presets import PRESETS, get_preset, lm_config, vit_config
+from symmerge.train import TrainArgs, batch_indices, lr_at, train
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("text") / "shakespeare20k.txt"
+    p.write_text((SHARED / "tinyshakespeare.txt").read_text()[:20000])
+    return p
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def record(folder: Path) -> dict:
+    return json.loads((folder / "symmerge.json").read_text())["train"]
+
+
+def test_seed_determinism_resume_and_seed_difference(tmp_path, text_file):
+    kw = dict(arch="gpt2", preset="tiny", data=str(text_file), progress=False, steps=12, save_every=4)
+    a = train(TrainArgs(seed=0, out=str(tmp_path / "a"), **kw))
+    again = train(TrainArgs(seed=0, out=str(tmp_path / "again"), **kw))
+    wa = weights(a)
+    assert all(torch.equal(wa[k], v) for k, v in weights(again).items())  # same seed: bitwise equal
+
+    part = train(TrainArgs(seed=0, out=str(tmp_path / "b"), stop_after=6, **kw))  # "interrupted" at step 6
+    assert not (part / "model.safetensors").exists()
+    assert json.loads((part / ".train_state" / "state.json").read_text())["step"] == 6
+    b = train(TrainArgs(seed=0, out=str(tmp_path / "b"), resume=True, **kw))
+    assert set(weights(b)) == set(wa) and all(torch.equal(wa[k], v) for k, v in weights(b).items())
+    assert record(b)["test"] == record(a)["test"]  # evaluation of the resumed model equals too
+
+    c = train(TrainArgs(seed=1, out=str(tmp_path / "c"), **kw))
+    assert all(not torch.equal(wa[k], v) for k, v in weights(c).items() if v.numel() > 1 and "ln_" not in k)
+
+
+def test_data_order_and_schedule():
+    """Each epoch visits every item once; different seeds order them differently; LR warms up, then decays."""
+    epoch0 = torch.cat([batch_indices(10, 3, 0, s) for s in range(3)])
+    assert len(set(epoch0.tolist())) == 9  # 3 batches of 3 from a permutation of 10 (last item dropped)
+    assert not torch.equal(epoch0, torch.cat([batch_indices(10, 3, 1, s) for s in range(3)]))
+    assert not torch.equal(epoch0, torch.cat([batch_indices(10, 3, 0, s) for s in range(3, 6)]))  # next epoch reshuffles
+    p = get_preset("gpt2", "small")
+    lrs = [lr_at(s, 1000, p, 1.0, 100) for s in range(1000)]
+    assert lrs[0] == pytest.approx(0.01) and lrs[99] == pytest.approx(1.0)
+    assert all(x >= y for x, y in zip(lrs[99:], lrs[100:])) and lrs[-1] == pytest.approx(0.1, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch,data,cls", [
+    ("neox", "text", T.GPTNeoXForCausalLM), ("llama", "text", T.LlamaForCausalLM),
+    ("olmo", "text", T.OlmoForCausalLM), ("vit", "digits", T.ViTForImageClassification),
+])
+def test_each_arch_trains_to_a_stock_checkpoint(tmp_path, text_file, arch, data, cls):
+    data = str(text_file) if data == "text" else data
+    out = train(TrainArgs(arch=arch, preset="tiny", data=data, seed=0, out=str(tmp_path / arch), progress=False))
+    model = cls.from_pretrained(out).eval()  # stock class, from safetensors
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+    losses = json.loads((out / ".train_state" / "state.json").read_text())["losses"]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4  # it learnt something
+    rec = record(out)
+    batches = load_batches(out, data, "test", rec["batch_size"])
+    assert evaluate(model, batches)["loss"] == pytest.approx(rec["test"]["loss"], abs=1e-6)
+    if arch == "vit":
+        assert json.loads((out / "preprocessor_config.json").read_text())["size"] == {"height": 8, "width": 8}
+        assert T.AutoImageProcessor.from_pretrained(out) is not None
+    else:
+        assert len(T.AutoTokenizer.from_pretrained(out)) == model.config.vocab_size
+    if arch == "llama":
+        assert model.config.num_key_value_heads == 2 < model.config.num_attention_heads
+
+
+def test_cli_train_with_gpt2_bpe_and_eval(tmp_path, text_file, capsys):
+    out = tmp_path / "g"
+    assert main(["train", "--arch", "gpt2", "--preset", "tiny", "--data", str(text_file), "--seed", "3", "-o", str(out),
+                 "--tokenizer", "gpt2", "--gpt2-bpe", str(SHARED), "--steps", "4"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    tok = T.AutoTokenizer.from_pretrained(out)
+    assert len(tok) == 50257 and T.GPT2LMHeadModel.from_pretrained(out).config.vocab_size == 50257
+    assert record(out)["steps_done"] == 4 and record(out)["seed"] == 3
+    assert main(["eval", str(out), "--data", str(text_file), "--batch-size", "2"]) == 0
+    assert "loss/token" in capsys.readouterr().out
+    # a non-empty output is refused without --force, replaced with it
+    assert main(["train", "--arch", "gpt2", "--data", str(text_file), "-o", str(out), "--steps", "2"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["train", "--arch", "gpt2", "--data", str(text_file), "-o", str(out), "--steps", "2", "--force",
+                 "--tokenizer", "bpe", "--vocab-size", "300"]) == 0
+    assert record(out)["tokenizer"] == "bpe" and len(T.AutoTokenizer.from_pretrained(out)) <= 300
+
+
+def test_train_errors(tmp_path, text_file):
+    kw = dict(arch="gpt2", preset="tiny", data=str(text_file), seed=0, progress=False)
+    with pytest.raises(SymmergeError, match="unknown preset"):
+        train(TrainArgs(**(kw | {"preset": "huge"}), out=str(tmp_path / "x")))
+    with pytest.raises(SymmergeError, match="unknown architecture"):
+        train(TrainArgs(**(kw | {"arch": "bert"}), out=str(tmp_path / "x")))
+    with pytest.raises(SymmergeError, match="nothing|no .train_state"):
+        train(TrainArgs(**kw, out=str(tmp_path / "x"), resume=True))
+    with pytest.raises(SymmergeError, match="needs image data"):
+        train(TrainArgs(**(kw | {"arch": "vit"}), out=str(tmp_path / "x")))
+    with pytest.raises(SymmergeError, match="--gpt2-bpe"):
+        train(TrainArgs(**kw, out=str(tmp_path / "x"), tokenizer="gpt2"))
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".symmerge-skeleton-*"))  # nothing left behind
+    train(TrainArgs(**kw, out=str(tmp_path / "r"), steps=4, stop_after=2))
+    with pytest.raises(SymmergeError, match="different settings"):
+        train(TrainArgs(**(kw | {"seed": 1}), out=str(tmp_path / "r"), steps=4, resume=True))
+    assert main(["train", "--arch", "gpt2", "--preset", "huge", "--data", str(text_file), "-o", str(tmp_path / "y")]) == 2
+
+
+def test_small_presets_have_the_papers_shapes():
+    for arch in ("gpt2", "neox", "llama", "olmo"):
+        c = lm_config(arch, get_preset(arch, "small"), 50257, 0, 0)
+        d = c.to_dict()
+        width = d.get("n_embd", d.get("hidden_size"))
+        layers = d.get("n_layer", d.get("num_hidden_layers"))
+        heads = d.get("n_head", d.get("num_attention_heads"))
+        ctx = d.get("n_positions", d.get("max_position_embeddings"))
+        assert (width, layers, heads, ctx) == (256, 6, 4, 256), arch
+    assert lm_config("llama", get_preset("llama", "small"), 65, 0, 0).num_key_value_heads == 2
+    assert vit_config(get_preset("vit", "small"), 28, 10).patch_size == 4
+    assert vit_config(get_preset("vit", "small"), 8, 10).patch_size == 2
+    with pytest.raises(SymmergeError, match="image sizes"):
+        vit_config(get_preset("vit", "small"), 32, 10)
+    assert set(PRESETS) == {"gpt2", "neox", "llama", "olmo", "vit"} and all("tiny" in v for v in PRESETS.values())
