@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import apply
+from ..merge import check_compatible
 from ..model import Model
 from ..spec import Spec, compose, identity_element
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
@@ -140,9 +141,7 @@ class Learner:
 
     def __init__(self, a: Model, b: Model, cfg: LearnConfig, init: dict | None = None):
         cfg.validate()
-        if a.shape != b.shape:
-            raise SymmergeError(f"A and B have different shapes ({a.shape.arch} {a.shape.d_model}x{a.shape.n_layers} "
-                                f"vs {b.shape.arch} {b.shape.d_model}x{b.shape.n_layers}); align models of one shape")
+        check_compatible(a, b)
         self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec
         self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
         _check_element(self.spec, self.init, "the initial element")

@@ -38,6 +38,7 @@ class Objective:
         config, sd = export_state_dict(model, dtype=dtype)
         self.hf = build_hf_model(config, sd, model.shape.hf_class)
         self.hf.requires_grad_(False)
+        self.keys = set(self.hf.state_dict())  # the export may hold zero biases the class has no slot for
         self.eps0 = float(model.params["norm.eps"]) if "norm.eps" in model.params else None
         self.rescale = self.eps0 is not None and "residual.scale" in model.spec.groups
 
@@ -51,7 +52,7 @@ class Objective:
             c = torch.sqrt(self.eps0 / params["norm.eps"].to(torch.float64))
             params = apply(self.model.spec, {"residual.scale": c}, params)
         sd = self.model.adapter.from_canonical(params, self.model.shape)
-        return {k: v.to(self.dtype) for k, v in sd.items()}
+        return {k: v.to(self.dtype) for k, v in sd.items() if k in self.keys}
 
     def forward(self, params: Params, batch: dict):
         inputs = {k: (v.to(self.dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in batch.items()}
