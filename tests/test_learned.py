@@ -12,7 +12,7 @@ from factories import ARCHS, make_model, save_model
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import apply
-from symmerge.match.learned import Interrupted, Learner, LearnConfig, learn
+from symmerge.match.learned import Interrupted, Learner, LearnConfig, learn, parse_lam_range
 from symmerge.match.objective import Objective
 from symmerge.match.outputs import output_report, save_outputs
 from symmerge.model import build_hf_model, export_state_dict, load_model
@@ -217,3 +217,29 @@ def test_every_architecture(arch, tmp_path):
         result = learn(a, b, train, val, quick(method=method, steps=3, lr=0.1), init=init)
         for row in output_report(save_outputs(result, a, b, tmp_path / method), a.shape.hf_class, probe):
             assert row["max_logit_diff"] < 1e-4, (arch, method, row)
+
+
+def test_absolute_anchor_with_cayley_signs(pair, tmp_path):
+    """Anchored at the initial element itself, plain Cayley cannot start from a rotation with
+    det(R) = -1 (it has eigenvalue -1) and says so; cayley-signs can, and its output computes B."""
+    a, b = pair
+    u = G.ones_complement_basis(24)
+    seed = next(s for s in range(50) if float(torch.linalg.det(u.T @ random_element(
+        b.spec, torch.Generator().manual_seed(s))["residual.rotation"] @ u)) < 0)
+    init = random_element(b.spec, torch.Generator().manual_seed(seed))
+    polar = "qk_map=polar,ov_map=polar"
+    with pytest.raises(SymmergeError, match="cayley-signs"):
+        learn(a, b, batches(2, 0), batches(1, 1), quick(anchor="absolute", param=f"residual_rotation=cayley,{polar}"), init=init)
+    result = learn(a, b, batches(2, 0), batches(1, 1),
+                   quick(anchor="absolute", param=f"residual_rotation=cayley-signs,{polar}", lr=0.1), init=init)
+    assert result.report["parameterisation"]["residual.rotation"] == "cayley-signs"
+    for row in output_report(save_outputs(result, a, b, tmp_path / "abs"), b.shape.hf_class, batches(1, 9)[0]):
+        assert row["max_logit_diff"] < 1e-4, row
+
+
+def test_parse_lam_range():
+    assert parse_lam_range("0.4,0.6") == (0.4, 0.6)
+    assert parse_lam_range("0.5") == (0.5, 0.5)
+    for bad in ("a,b", "0.1,0.2,0.3"):
+        with pytest.raises(SymmergeError, match="lam-range"):
+            parse_lam_range(bad)

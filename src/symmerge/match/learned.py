@@ -53,6 +53,17 @@ class Interrupted(KeyboardInterrupt):
     """Raised after the checkpoint was written, when a run is stopped (Ctrl-C or `on_step`)."""
 
 
+def parse_lam_range(text: str) -> tuple[float, float]:
+    """"0.4,0.6" -> (0.4, 0.6); a single number means a fixed lambda. Checked by LearnConfig.validate."""
+    try:
+        parts = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise SymmergeError(f"--lam-range {text!r} is not 'LOW,HIGH' (two numbers in [0, 1])") from None
+    if len(parts) not in (1, 2):
+        raise SymmergeError(f"--lam-range {text!r} is not 'LOW,HIGH' (two numbers in [0, 1])")
+    return (parts[0], parts[-1])
+
+
 @dataclass
 class LearnConfig:
     method: str = "learned"

@@ -170,6 +170,11 @@ class Parametrization:
 
     def __init__(self, group: G.Group, method: str):
         self.group, self.method = group, method
+        # fixes_ones: O = 11^T/n + U R U^T (groups.orthogonal_fixing_ones) with U computed once, not per step
+        self._ones = None
+        if "fixes_ones" in group.constraints:
+            n = group.size
+            self._ones = (torch.full((n, n), 1.0 / n, dtype=DTYPE), G.ones_complement_basis(n))
 
     def element(self, raw: Raw, fixed: Raw) -> torch.Tensor:
         g = self.group
@@ -179,7 +184,10 @@ class Parametrization:
             return fixed["sign"] * torch.exp(raw["log"])
         if g.kind == "orthogonal":
             r = _orth_element(self.method, raw, fixed)
-            return G.orthogonal_fixing_ones(r) if "fixes_ones" in g.constraints else r
+            if self._ones is None:
+                return r
+            mean, u = self._ones
+            return mean + u @ r @ u.T
         if "rope" in g.constraints:
             rho, phi = raw["pairs"].unbind(-1)
             rad = torch.exp(rho)
