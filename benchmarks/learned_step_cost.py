@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from symmerge.match.learned import Learner, LearnConfig
+from symmerge.match.learned import LearnConfig, Learner
 from symmerge.model import load_model
 
 
@@ -93,8 +93,8 @@ def main() -> None:
     for bs in (int(x) for x in a.batches.split(",")):
         ids = torch.randint(0, a.vocab, (bs, a.context), generator=gen)
         batch = {"input_ids": ids, "labels": ids}
-        t = median_times({"plain": lambda: plain_step(plain, popt, batch),
-                          "learned": lambda: learned_step(learner, lopt, batch)}, a.steps, a.warmup)
+        t = median_times({"plain": lambda b=batch: plain_step(plain, popt, b),
+                          "learned": lambda b=batch: learned_step(learner, lopt, b)}, a.steps, a.warmup)
         print(f"{bs:>6} {t['plain']:>13.3f} {t['learned']:>15.3f} {t['learned'] / t['plain']:>14.2f}", flush=True)
 
 

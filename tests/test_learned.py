@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 import torch
-from factories import ARCHS, make_model, save_model
 
+from factories import ARCHS, make_model, save_model
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import apply
-from symmerge.match.learned import Interrupted, Learner, LearnConfig, learn, parse_lam_range
+from symmerge.match.learned import Interrupted, LearnConfig, Learner, learn, parse_lam_range
 from symmerge.match.objective import Objective
 from symmerge.match.outputs import output_report, save_outputs
 from symmerge.model import build_hf_model, export_state_dict, load_model
