@@ -4,6 +4,7 @@ solved, resumed runs equal uninterrupted ones, bad input is refused."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from symmerge import groups as G
 from symmerge.apply import apply
 from symmerge.match.learned import Interrupted, LearnConfig, Learner, learn, parse_lam_range
 from symmerge.match.objective import Objective
-from symmerge.match.outputs import output_report, save_outputs
+from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
 from symmerge.model import build_hf_model, export_state_dict, load_model
 from symmerge.spec import random_element
 
@@ -243,3 +244,23 @@ def test_parse_lam_range():
     for bad in ("a,b", "0.1,0.2,0.3"):
         with pytest.raises(SymmergeError, match="lam-range"):
             parse_lam_range(bad)
+
+
+def test_learned_align_one_call(pair, tmp_path):
+    """The library call behind the CLI: refuses a non-empty OUT, refuses to silently restart an
+    unfinished run, resumes it, writes OUT, reports the logit gaps and removes its state."""
+    a, b = pair
+    out = tmp_path / "out"
+    cfg = quick(steps=4, eval_every=2)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(SymmergeError, match="not empty"):
+        learned_align(a, b, batches(2, 0), batches(1, 1), cfg, tmp_path / "full")
+    with pytest.raises(Interrupted):
+        learn(a, b, batches(2, 0), batches(1, 1), cfg, checkpoint=checkpoint_folder(out), on_step=lambda s: s == 2)
+    with pytest.raises(SymmergeError, match="--resume"):
+        learned_align(a, b, batches(2, 0), batches(1, 1), cfg, out)
+    report = learned_align(a, b, batches(2, 0), batches(1, 1), cfg, out, resume=True)
+    assert report["steps"] == 4 and report["outputs"][0]["max_logit_diff"] < 1e-4
+    assert (out / "config.json").is_file() and not checkpoint_folder(out).exists()
+    json.dumps(report)  # the report is JSON as it stands

@@ -1,15 +1,18 @@
-"""Write the outputs of learned / dual matching and measure that each computes its input's function."""
+"""Write the outputs of learned / dual matching and measure that each computes its input's function;
+`learned_align` is the one call behind `symmerge align --method learned|dual`."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 
+from .. import SymmergeError
 from ..apply import apply
 from ..io import AtomicFolder, prepare_output
 from ..model import Model, hf_class, save_model
-from .learned import Result
+from .learned import LearnConfig, Result, learn
 
 
 def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False) -> list[tuple[Path, Path]]:
@@ -42,3 +45,28 @@ def logit_gap(source, output, class_name: str, batch: dict) -> float:
 def output_report(pairs: list[tuple[Path, Path]], class_name: str, batch: dict) -> list[dict]:
     """For every output, its input and the largest logit difference from it."""
     return [{"input": str(i), "output": str(o), "max_logit_diff": logit_gap(i, o, class_name, batch)} for i, o in pairs]
+
+
+def checkpoint_folder(out) -> Path:
+    """Where a run writing OUT keeps its resumable state: the sibling folder OUT.learn-state."""
+    out = Path(out)
+    return out.with_name(out.name + ".learn-state")
+
+
+def learned_align(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConfig, out, init=None,
+                  force: bool = False, resume: bool = False, keep_checkpoint: bool = False) -> dict:
+    """Learn, write OUT (g·B, or A/ and B/ for dual) and return the JSON report with, for every output,
+    the largest logit difference from its input (on the first validation batch). The run's state lives
+    in `checkpoint_folder(out)` until OUT is written (then it is removed unless `keep_checkpoint`)."""
+    prepare_output(out, force)  # fail before any work
+    ckpt = checkpoint_folder(out)
+    if not resume and ckpt.exists():
+        if not force:
+            raise SymmergeError(f"{ckpt} holds an unfinished run; pass --resume to continue it or --force to start over")
+        shutil.rmtree(ckpt)
+    result = learn(a, b, train, val, cfg, init=init, checkpoint=ckpt, resume=resume)
+    pairs = save_outputs(result, a, b, out, force)
+    report = dict(result.report, outputs=output_report(pairs, a.shape.hf_class, val[0]))
+    if not keep_checkpoint:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return report
