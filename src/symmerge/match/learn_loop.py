@@ -152,7 +152,8 @@ class Run:
                 if stop.set or (self.on_step is not None and self.on_step(m["step"])):
                     self.save()
                     bar.close()
-                    raise Interrupted(f"stopped at step {m['step']}; checkpoint in {self.ckpt}: rerun with --resume")
+                    where = f"checkpoint in {self.ckpt}: rerun with --resume" if self.ckpt else "no checkpoint folder given"
+                    raise Interrupted(f"stopped at step {m['step']}; {where}")
                 if m["step"] % cfg.checkpoint_every == 0:
                     self.save()
         bar.close()
