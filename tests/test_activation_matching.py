@@ -70,7 +70,8 @@ def test_cli_activation_align(tmp_path, fake_data, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert cli.main(["transform", str(a), "-o", str(tmp_path / "b"), "--seed", "6"]) == 0
     assert cli.main(["align", str(a), str(tmp_path / "b"), "-o", str(tmp_path / "c"), "--method", "activation",
-                     "--data", "synthetic", "--max-batches", "3", "--json", str(tmp_path / "r.json")]) == 0
+                     "--data", "synthetic", "--max-batches", "3", "--json", str(tmp_path / "r.json"),
+                     "--groups", "all"]) == 0
     assert fake_data and fake_data[0][1:] == ("synthetic", "train", 8, 128, 3)
     A, C = load_model(a), load_model(tmp_path / "c")
     assert _rel(C.params, A.params) <= 1e-5

@@ -138,7 +138,7 @@ def _cli(*argv) -> int:
 def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert _cli("transform", a, "-o", tmp_path / "b", "--seed", 4) == 0
-    assert _cli("align", a, tmp_path / "b", "-o", tmp_path / "c", "--json", tmp_path / "r.json") == 0
+    assert _cli("align", a, tmp_path / "b", "-o", tmp_path / "c", "--json", tmp_path / "r.json", "--groups", "all") == 0
     A, B, C = (load_model(tmp_path / x) for x in ("a", "b", "c"))
     assert _rel(C.params, A.params) <= 1e-5
     hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
@@ -224,3 +224,14 @@ def test_unknown_family_and_bad_iters_fail(tmp_path, capsys):
     assert "glu_scale" in capsys.readouterr().err
     assert _cli("align", a, a, "-o", tmp_path / "o2", "--max-iters", 0) == 2
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_cli_default_leaves_the_residual_scale_alone(tmp_path):
+    """Without --groups the residual scale is not matched (it shrinks for unrelated models); 'all' matches it."""
+    a = save_model(make_model("gpt2", 0), tmp_path / "a")
+    b = save_model(make_model("gpt2", 1), tmp_path / "b")
+    assert _cli("align", a, b, "-o", tmp_path / "c", "--json", tmp_path / "r.json", "--max-iters", 3) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "residual_scale" not in report["groups_selected"]
+    assert _cli("align", a, b, "-o", tmp_path / "d", "--json", tmp_path / "s.json", "--max-iters", 3, "--groups", "all") == 0
+    assert "residual_scale" in json.loads((tmp_path / "s.json").read_text())["groups_selected"]

@@ -13,7 +13,7 @@ import sys
 from . import SymmergeError, __version__
 
 #: modules under symmerge.commands, each with register(subparsers)
-COMMANDS = ("inspect", "transform", "align", "interpolate", "barrier", "train", "eval")
+COMMANDS = ("inspect", "transform", "align", "interpolate", "barrier", "train", "eval", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     except SymmergeError as e:
         print(f"symmerge {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"symmerge {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # learned matching says where its checkpoint is
+        print(f"symmerge {args.command}: {e or 'interrupted'}", file=sys.stderr)
         return 130
 
 

@@ -48,13 +48,19 @@ _TINY_LM = dict(d_model=32, layers=2, heads=4, d_mlp=64, context=32, batch_size=
 _SMALL_LM = dict(d_model=256, layers=6, heads=4, d_mlp=1024, context=256, batch_size=16, steps=2000, lr=1e-3,
                  warmup=100)
 
+#: `symmerge demo`: trains in well under a minute on 2 cores, yet far enough to show a barrier
+_DEMO_LM = dict(d_model=128, layers=3, heads=4, d_mlp=512, context=64, batch_size=16, steps=600, lr=3e-3, warmup=30,
+                save_every=200)
+
 PRESETS: dict[str, dict[str, Preset]] = {
-    "gpt2": {"tiny": Preset(**_TINY_LM), "small": Preset(**_SMALL_LM)},
+    "gpt2": {"tiny": Preset(**_TINY_LM), "demo": Preset(**_DEMO_LM), "small": Preset(**_SMALL_LM)},
     "neox": {"tiny": Preset(**_TINY_LM), "small": Preset(**_SMALL_LM)},
     "llama": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
               "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
     "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "vit": {
+        "demo": Preset(d_model=128, layers=2, heads=4, d_mlp=256, patch={28: 7, 8: 4}, batch_size=64, steps=400,
+                       lr=2e-3, warmup=20, save_every=200),
         "tiny": Preset(d_model=32, layers=2, heads=4, d_mlp=64, patch={28: 7, 8: 4}, batch_size=16, steps=20,
                        lr=3e-3, warmup=5, save_every=10),
         "small": Preset(d_model=256, layers=6, heads=4, d_mlp=1024, patch={28: 4, 8: 2}, batch_size=64, steps=2000,

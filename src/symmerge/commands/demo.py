@@ -1,0 +1,35 @@
+"""`symmerge demo`: train a pair, measure every alignment method's barrier, print a table, write a plot."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="train two models from two seeds and compare the barriers of every method")
+    p.add_argument("-o", "--out", default="symmerge-demo", help="folder for the pair, the report and the plot")
+    p.add_argument("--data", default="digits",
+                   help="'digits' (default: two ViTs on scikit-learn's 8x8 digits) or a .txt file (two char-level GPT-2s)")
+    p.add_argument("--seeds", default="0,1", help="the two training seeds")
+    p.add_argument("--train-steps", type=int, default=None, help="training steps per model (default: the demo preset's)")
+    p.add_argument("--learn-steps", type=int, default=150, help="steps of learned and dual matching")
+    p.add_argument("--methods", default=",".join(("plain", "weight", "activation", "learned", "dual")),
+                   help="comma-separated subset of plain,weight,activation,learned,dual")
+    p.add_argument("--force", action="store_true", help="replace a folder that holds another run")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .. import SymmergeError
+    from ..demo import DemoArgs, format_table, run_demo
+
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        raise SymmergeError(f"--seeds {args.seeds!r}: give two integers, e.g. 0,1") from None
+    if len(seeds) != 2 or seeds[0] == seeds[1]:
+        raise SymmergeError(f"--seeds {args.seeds!r}: give two different integers, e.g. 0,1")
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    report = run_demo(DemoArgs(out=args.out, data=args.data, seeds=seeds, train_steps=args.train_steps,
+                               learn_steps=args.learn_steps, methods=methods, force=args.force))
+    print(format_table(report))
+    print(f"report: {args.out}/demo-report.json, plot: {args.out}/demo-barriers.png")
+    return 0

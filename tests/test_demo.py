@@ -1,0 +1,32 @@
+"""`symmerge demo` end to end on a short schedule: every method reported, endpoints keep their functions."""
+
+from __future__ import annotations
+
+import json
+
+from symmerge.cli import main
+
+
+def test_demo_runs_every_method_and_reuses_the_pair(tmp_path, capsys):
+    out = tmp_path / "demo"
+    args = ["demo", "-o", str(out), "--train-steps", "40", "--learn-steps", "4"]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    report = json.loads((out / "demo-report.json").read_text())
+    methods = [r["method"] for r in report["results"]]
+    assert methods == ["plain", "weight", "activation", "learned", "dual"]
+    for r in report["results"]:
+        assert r["label"] in table
+        assert r["max_endpoint_logit_change"] < 1e-4, r  # aligned endpoints compute their inputs' functions
+        assert len(r["lambdas"]) == 11 and r["lambdas"][0] == 0.0 and r["lambdas"][-1] == 1.0
+    plain, weight = report["results"][0], report["results"][1]
+    assert abs(plain["loss"][0] - weight["loss"][0]) < 1e-6 and abs(plain["loss"][-1] - weight["loss"][-1]) < 1e-4
+    assert (out / "demo-barriers.png").read_bytes()[:4] == b"\x89PNG"
+
+    # a second run with the same settings reuses the trained pair; other settings need --force
+    stamp = (out / "seed0" / "model.safetensors").stat().st_mtime_ns
+    assert main(args[:-2] + ["--learn-steps", "2", "--methods", "plain"]) == 0
+    assert (out / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert main(["demo", "-o", str(out), "--train-steps", "41", "--methods", "plain"]) == 2
+    assert "--force" in capsys.readouterr().err
