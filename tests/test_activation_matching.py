@@ -1,7 +1,7 @@
 """Activation matching: planted elements recovered from activations; outputs keep B's function.
 
-The data API (`symmerge.data.load_batches`) is stood in for by synthetic batches of random token ids
-(random images for ViT), injected as a module for the CLI test.
+Most tests use synthetic batches of random token ids (random images for ViT), injected in place of
+`symmerge.data.load_batches` for the CLI; one goes through the real data API on Tiny Shakespeare.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from symmerge.match.activation import activation_match
 from symmerge.model import load_model
 from symmerge.spec import random_element
 from symmerge.tokenizers import char_tokenizer
+from test_weight_matching import SUPPORTED, _rel
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
-from test_weight_matching import SUPPORTED, _rel
 
 
 def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
