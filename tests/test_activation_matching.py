@@ -1,7 +1,7 @@
 """Activation matching: planted elements recovered from activations; outputs keep B's function.
 
-The data API (`symmerge.data.load_batches`) is stood in for by synthetic batches of random token ids
-(random images for ViT), injected as a module for the CLI test.
+Most tests use synthetic batches of random token ids (random images for ViT), injected in place of
+`symmerge.data.load_batches` for the CLI; one goes through the real data API on Tiny Shakespeare.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +21,10 @@ from symmerge.apply import apply
 from symmerge.match.activation import activation_match
 from symmerge.model import load_model
 from symmerge.spec import random_element
+from symmerge.tokenizers import char_tokenizer
 from test_weight_matching import SUPPORTED, _rel
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
 
 def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
@@ -72,7 +76,7 @@ def test_cli_activation_align(tmp_path, fake_data, arch):
     assert cli.main(["align", str(a), str(tmp_path / "b"), "-o", str(tmp_path / "c"), "--method", "activation",
                      "--data", "synthetic", "--max-batches", "3", "--json", str(tmp_path / "r.json"),
                      "--groups", "all"]) == 0
-    assert fake_data and fake_data[0][1:] == ("synthetic", "train", 8, 128, 3)
+    assert fake_data and fake_data[0][1:] == ("synthetic", "train", 8, None, 3)
     A, C = load_model(a), load_model(tmp_path / "c")
     assert _rel(C.params, A.params) <= 1e-5
     x = example_inputs(arch)
@@ -103,3 +107,23 @@ def test_activation_without_data_fails_cleanly(tmp_path, capsys):
     assert cli.main(["align", str(a), str(a), "-o", str(tmp_path / "c"), "--method", "activation"]) == 2
     assert "--data" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_cli_activation_align_on_real_text(tmp_path):
+    """Through the real data API: Tiny Shakespeare, the model folder's own (char) tokenizer."""
+    text = SHAKESPEARE.read_text()[:20000]
+    (tmp_path / "text.txt").write_text(text)
+    tok = char_tokenizer(text)
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=24, n_layer=2, n_head=3, n_positions=32, vocab_size=len(tok)))
+    model.to(torch.float64).save_pretrained(tmp_path / "a")
+    tok.save_pretrained(tmp_path / "a")
+    assert cli.main(["transform", str(tmp_path / "a"), "-o", str(tmp_path / "b"), "--seed", "8"]) == 0
+    assert cli.main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "c"), "--method",
+                     "activation", "--data", str(tmp_path / "text.txt"), "--batch-size", "4", "--max-batches", "2"]) == 0
+    A, C = load_model(tmp_path / "a"), load_model(tmp_path / "c")
+    assert _rel(C.params, A.params) <= 1e-5
+    x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
+    hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
+    hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
+    assert float((logits(hf_c, x) - logits(hf_b, x)).abs().max()) <= 1e-4

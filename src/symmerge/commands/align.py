@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help="activation matching: data set (see symmerge.data)")
     p.add_argument("--split", default="train", help="activation matching: data split (default train)")
     p.add_argument("--batch-size", type=int, default=8, help="activation matching: sequences per batch")
-    p.add_argument("--seq-len", type=int, default=128, help="activation matching: tokens per sequence")
+    p.add_argument("--seq-len", type=int, default=None, help="activation matching: tokens per sequence (default: context)")
     p.add_argument("--max-batches", type=int, default=8, help="activation matching: batches of data used")
     p.add_argument("--param", default="auto",
                    help="learned/dual: cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: cayley for "
