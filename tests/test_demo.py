@@ -9,7 +9,7 @@ from symmerge.cli import main
 
 def test_demo_runs_every_method_and_reuses_the_pair(tmp_path, capsys):
     out = tmp_path / "demo"
-    args = ["demo", "-o", str(out), "--train-steps", "40", "--learn-steps", "4"]
+    args = ["demo", "-o", str(out), "--train-steps", "20", "--match-iters", "2", "--test-batches", "1", "--learn-steps", "3"]
     assert main(args) == 0
     table = capsys.readouterr().out
     report = json.loads((out / "demo-report.json").read_text())
@@ -28,5 +28,5 @@ def test_demo_runs_every_method_and_reuses_the_pair(tmp_path, capsys):
     assert main(args[:-2] + ["--learn-steps", "2", "--methods", "plain"]) == 0
     assert (out / "seed0" / "model.safetensors").stat().st_mtime_ns == stamp
     capsys.readouterr()
-    assert main(["demo", "-o", str(out), "--train-steps", "41", "--methods", "plain"]) == 2
+    assert main(["demo", "-o", str(out), "--train-steps", "21", "--methods", "plain"]) == 2
     assert "--force" in capsys.readouterr().err

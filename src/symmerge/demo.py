@@ -34,6 +34,8 @@ class DemoArgs:
     seeds: tuple[int, int] = (0, 1)
     train_steps: int | None = None  # default: the demo preset's
     learn_steps: int = 150
+    match_iters: int = 20  # weight-matching sweeps
+    test_batches: int = 8
     methods: tuple[str, ...] = METHODS
     force: bool = False
     progress: bool = True
@@ -75,7 +77,7 @@ def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: 
     if method == "plain":
         return a.params, b.params, {}
     families = [f for f in b.spec.families() if f != "residual_scale"]  # see commands.align.default_families
-    wm = weight_match(b.spec, a.params, b.params, families)
+    wm = weight_match(b.spec, a.params, b.params, families, max_iters=args.match_iters)
     if method == "weight":
         return a.params, apply(b.spec, wm.g, b.params), {"similarity": wm.history}
     if method == "activation":
@@ -107,7 +109,8 @@ def run_demo(args: DemoArgs) -> dict:
     out = Path(args.out)
     path_a, path_b = _train_pair(args, out)
     a, b = load_model(path_a), load_model(path_b)
-    test = load_batches(path_a, args.data, "test", batch_size=64 if _arch(args.data) == "vit" else 16, max_batches=8)
+    test = load_batches(path_a, args.data, "test", batch_size=64 if _arch(args.data) == "vit" else 16,
+                        max_batches=args.test_batches)
     train_batches = load_batches(path_a, args.data, "train", batch_size=32 if _arch(args.data) == "vit" else 8)
     val = load_batches(path_a, args.data, "validation", batch_size=64 if _arch(args.data) == "vit" else 16, max_batches=4)
     rows = []

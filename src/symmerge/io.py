@@ -138,6 +138,9 @@ class AtomicFolder:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
+        umask = os.umask(0)
+        os.umask(umask)
+        self.tmp.chmod(0o777 & ~umask)  # mkdtemp makes the folder private; outputs get the usual permissions
         if self.target.exists():
             old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
             self.target.rename(old)

@@ -11,6 +11,8 @@ def register(sub) -> None:
     p.add_argument("--seeds", default="0,1", help="the two training seeds")
     p.add_argument("--train-steps", type=int, default=None, help="training steps per model (default: the demo preset's)")
     p.add_argument("--learn-steps", type=int, default=150, help="steps of learned and dual matching")
+    p.add_argument("--match-iters", type=int, default=20, help="weight-matching sweeps")
+    p.add_argument("--test-batches", type=int, default=8, help="test batches the barriers are measured on")
     p.add_argument("--methods", default=",".join(("plain", "weight", "activation", "learned", "dual")),
                    help="comma-separated subset of plain,weight,activation,learned,dual")
     p.add_argument("--force", action="store_true", help="replace a folder that holds another run")
@@ -29,7 +31,8 @@ def run(args) -> int:
         raise SymmergeError(f"--seeds {args.seeds!r}: give two different integers, e.g. 0,1")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     report = run_demo(DemoArgs(out=args.out, data=args.data, seeds=seeds, train_steps=args.train_steps,
-                               learn_steps=args.learn_steps, methods=methods, force=args.force))
+                               learn_steps=args.learn_steps, match_iters=args.match_iters,
+                               test_batches=args.test_batches, methods=methods, force=args.force))
     print(format_table(report))
     print(f"report: {args.out}/demo-report.json, plot: {args.out}/demo-barriers.png")
     return 0
