@@ -51,7 +51,7 @@ def main() -> None:
         plain = T.GPT2LMHeadModel.from_pretrained(f"{tmp}/m0").eval()
         harness = PathEvaluator(a)
         t_plain, t_harness = [], []
-        for r in range(args.repeats):
+        for _ in range(args.repeats):
             t0 = time.perf_counter()
             evaluate(plain, batches)
             t_plain.append(time.perf_counter() - t0)

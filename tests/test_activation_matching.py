@@ -120,7 +120,8 @@ def test_cli_activation_align_on_real_text(tmp_path):
     tok.save_pretrained(tmp_path / "a")
     assert cli.main(["transform", str(tmp_path / "a"), "-o", str(tmp_path / "b"), "--seed", "8"]) == 0
     assert cli.main(["align", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "c"), "--method",
-                     "activation", "--data", str(tmp_path / "text.txt"), "--batch-size", "4", "--max-batches", "2"]) == 0
+                     "activation", "--data", str(tmp_path / "text.txt"), "--batch-size", "4", "--max-batches", "2",
+                     "--groups", "all"]) == 0
     A, C = load_model(tmp_path / "a"), load_model(tmp_path / "c")
     assert _rel(C.params, A.params) <= 1e-5
     x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
