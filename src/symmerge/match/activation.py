@@ -12,8 +12,14 @@ Activations come from forward hooks on the stock HF model of each checkpoint's c
   leave unchanged (query heads inside KV groups as in weight matching);
 - QK map: balanced least squares (`solvers.solve_map`) between the matched heads' queries (the
   "g" side) and keys ("inv_t"), taken before RoPE (the maps commute with it) from the captured
-  attention input and the canonical weights; OV map: least squares on values and head outputs
-  (both transform by N);
+  attention input and the canonical weights; OV map: the same balanced least squares between the
+  values `W_V x` ("g" side: `N W_V`) and `W_O^T x` ("inv_t" side: `W_O N^{-1}` gives `N^{-T} W_O^T x`),
+  x the normalised stream the attention reads (exact for a planted element: B's stream is `R^T` A's;
+  B's writers carry the residual scale, divided out as `sqrt(eps_B / eps_A)` when it is matched).
+  Fitting the values (or head outputs) alone is one-sided: least squares shrinks N for weakly related
+  models and W_O's `N^{-1}` then blows up (two digit ViTs, seeds 0/1: barrier 3.58 with every family
+  but the residual scale, 0.35 with both sides; the weight-matching maps given the same rotation and
+  heads gave 0.39);
 - groups the data cannot see (the residual scale: normalisation hides it) are set by the weight-matching
   step given the rest.
 
@@ -129,7 +135,8 @@ def _head_acts(model: Model, acts: dict, i: int) -> dict[str, torch.Tensor]:
     k = torch.einsum("ked,dn->ken", a("W_K"), x) + a("b_K")[..., None]
     v = torch.einsum("ked,dn->ken", a("W_V"), x) + a("b_V")[..., None]
     z = acts[("z", i)].reshape(s.n_kv_heads, s.q_per_kv, s.d_head, -1)  # HF head order: h = kv * q_per_kv + j
-    return {"q": q, "k": k, "v": v, "z": z}
+    o = torch.einsum("kjde,dn->kjen", a("W_O"), x)  # W_O^T on the normalised stream: moves by N^{-T}
+    return {"q": q, "k": k, "v": v, "z": z, "o": o}
 
 
 def _in_a_order(t: torch.Tensor, p: torch.Tensor, inner: torch.Tensor | None) -> torch.Tensor:
@@ -172,6 +179,16 @@ def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
         g[glu] = _scatter(torch.where(d == 0, torch.ones_like(d), d), p)
 
 
+def _writer_scale(a: Model, b: Model, chosen) -> float:
+    """B's residual scale relative to A's when it is being matched: `sqrt(eps_B / eps_A)` (writers move by
+    the scale, the normalisation eps by its square, the normalised stream not at all), else 1."""
+    if not any(n in chosen and g.family == "residual_scale" for n, g in b.spec.groups.items()):
+        return 1.0
+    ea, eb = a.params.get("norm.eps"), b.params.get("norm.eps")
+    ok = ea is not None and eb is not None and float(ea) > 0 and float(eb) > 0
+    return float(torch.sqrt(eb / ea)) if ok else 1.0
+
+
 def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i) -> None:
     top = _layer(spec, i, "head_perm")
     inner = next((n for n, x in spec.groups.items() if x.indexed_by == top and x.kind == "permutation"), None)
@@ -183,8 +200,9 @@ def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i) -> None:
             g[inner] = inner_p
     p, inner_p = g[top], (g[inner] if inner else None)
     ha, hb = _head_acts(model_a, acts_a, i), _head_acts(model_b, acts_b, i)
+    hb["o"] = hb["o"] / _writer_scale(model_a, model_b, chosen)
     hb = {k: _in_a_order(v, p, inner_p) for k, v in hb.items()}
-    for fam, g_side, inv_side in (("qk_map", ("q",), ("k",)), ("ov_map", ("v", "z"), ())):
+    for fam, g_side, inv_side in (("qk_map", ("q",), ("k",)), ("ov_map", ("v",), ("o",))):
         name = _layer(spec, i, fam)
         if name is None or name not in chosen:
             continue
