@@ -50,7 +50,7 @@ def main() -> None:
         a, b = load_model(f"{tmp}/m0"), load_model(f"{tmp}/m1")
         plain = T.GPT2LMHeadModel.from_pretrained(f"{tmp}/m0").eval()
         harness = PathEvaluator(a)
-        t_plain, t_harness = [], []
+        t_plain, t_harness, t_export = [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             evaluate(plain, batches)
@@ -58,12 +58,16 @@ def main() -> None:
             t0 = time.perf_counter()
             harness.evaluate(interpolate(a.params, b.params, 0.5), batches)
             t_harness.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            harness.state_dict(interpolate(a.params, b.params, 0.5))
+            t_export.append(time.perf_counter() - t0)
     tp, th = statistics.median(t_plain), statistics.median(t_harness)
     tokens = args.batches * args.batch_size * args.seq
     print(f"GPT-2 d={args.d_model} L={args.layers} vocab={args.vocab}, {args.batches} batches x {args.batch_size} x {args.seq}, "
           f"{args.threads} thread(s)")
     print(f"plain stock forward : {tp:.3f} s per pass ({tokens / tp:,.0f} tokens/s)")
     print(f"harness, one λ      : {th:.3f} s per λ   ({tokens / th:,.0f} tokens/s)")
+    print(f"of which interpolation + export per λ: {statistics.median(t_export):.3f} s")
     print(f"throughput ratio (plain time / harness time): {tp / th:.3f}")
 
 
