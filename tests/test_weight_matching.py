@@ -18,9 +18,9 @@ from factories import ARCHS, example_inputs, logits, make_model, save_model
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.apply import apply
-from symmerge.match.compat import check_compatible
 from symmerge.match.summary import summarize
 from symmerge.match.weight import weight_match
+from symmerge.merge import check_compatible
 from symmerge.model import build_hf_model, export_state_dict, load_model
 from symmerge.shape import ModelShape
 from symmerge.spec import Action, Spec, build_spec, inverse, random_element

@@ -19,18 +19,22 @@ from .model import Model
 _FREE_FIELDS = ("eps", "tied")
 
 
-def check_compatible(a: Model, b: Model) -> None:
-    """Raise a SymmergeError naming the first mismatch between two models' shapes."""
-    if a.shape.hf_class != b.shape.hf_class:
-        raise SymmergeError(f"A is a {a.shape.hf_class} and B a {b.shape.hf_class}; both must be the same architecture")
+def check_compatible(a: Model, b: Model, name_a: str = "A", name_b: str = "B") -> None:
+    """Raise a SymmergeError naming the first mismatch: only models with one symmetry group align or merge."""
     sa, sb = dataclasses.asdict(a.shape), dataclasses.asdict(b.shape)
+    if (sa["arch"], sa["hf_class"]) != (sb["arch"], sb["hf_class"]):
+        raise SymmergeError(f"{name_a} is a {sa['hf_class']} (arch {sa['arch']}) and {name_b} a {sb['hf_class']} "
+                            f"(arch {sb['arch']}); both must be the same architecture")
     for key in sa:
         if key not in _FREE_FIELDS and sa[key] != sb[key]:
             what = {"vocab": "vocabularies (or classes)", "n_layers": "layer counts", "d_model": "widths",
                     "d_mlp": "FFN widths", "n_heads": "head counts"}.get(key, key)
-            raise SymmergeError(f"A and B differ in {what}: {key}={sa[key]} vs {sb[key]}; they cannot be interpolated")
-    if set(a.params) != set(b.params):
-        raise SymmergeError(f"A and B hold different tensors: {sorted(set(a.params) ^ set(b.params))[:3]}")
+            raise SymmergeError(f"{name_a} and {name_b} differ in {what}: {key}={sa[key]} vs {sb[key]}; "
+                                "only checkpoints of the same architecture and sizes can be aligned or merged")
+    only = sorted(set(a.params) ^ set(b.params))
+    if only:
+        where = name_a if only[0] in a.params else name_b
+        raise SymmergeError(f"tensor {only[0]} exists only in {where}; the checkpoints have different parameter sets")
 
 
 def check_lambda(lam: float, extrapolate: bool = False) -> None:

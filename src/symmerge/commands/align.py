@@ -63,8 +63,8 @@ def load_data(args, model_dir, split: str | None = None, max_batches: int | None
 
 def align(args, families=None, progress: bool = True):
     """Load both checkpoints, check they share a group, and match B to A: (model_a, model_b, result)."""
-    from ..match.compat import check_compatible
     from ..match.weight import weight_match
+    from ..merge import check_compatible
     from ..model import load_model
 
     if args.max_iters < 1:
