@@ -273,6 +273,10 @@ def test_hf_datasets_optional(tmp_path, text):
     datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": text.split("\n")})}).save_to_disk(tmp_path / "ds")
     batches = load_batches(model, f"hf:{tmp_path / 'ds'}", "test", 4)
     assert batches[0]["input_ids"].shape == (4, 32)
+    # the same text from a file, taken whole, gives the same windows
+    (tmp_path / "joined.txt").write_text("\n".join(text.split("\n")))
+    same = load_batches(model, str(tmp_path / "joined.txt"), "all", 4)
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, same, strict=True))
 
 
 def test_cli_eval_prints_and_writes_json(tmp_path, text, text_file, capsys):
