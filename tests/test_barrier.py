@@ -128,3 +128,25 @@ def test_barrier_cli_json_plot_and_errors(trained_gpt2, model_dirs, tmp_path, ca
     # a model folder without a tokenizer
     assert main(["barrier", str(model_dirs["gpt2"]), str(model_dirs["gpt2"]), "--data", str(text)]) == 2
     assert "tokenizer" in capsys.readouterr().err
+
+
+def test_barrier_on_checkpoints_symmerge_did_not_train(tmp_path, capsys):
+    """A stock HF ViT saved with its own image processor: the harness needs nothing symmerge wrote."""
+    import transformers as T
+
+    cfg = T.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                      image_size=8, patch_size=4, num_channels=1, num_labels=10)
+    proc = T.ViTImageProcessor(size={"height": 8, "width": 8}, image_mean=[0.5], image_std=[0.5])
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        T.ViTForImageClassification(cfg).save_pretrained(tmp_path / f"m{seed}")
+        proc.save_pretrained(tmp_path / f"m{seed}")
+    report = tmp_path / "r.json"
+    assert main(["barrier", str(tmp_path / "m0"), str(tmp_path / "m1"), "--data", "digits", "--points", "3",
+                 "--max-batches", "2", "--json", str(report)]) == 0
+    r = json.loads(report.read_text())
+    stock = T.ViTForImageClassification.from_pretrained(tmp_path / "m0").eval()
+    batches = load_batches(tmp_path / "m0", "digits", "test", batch_size=8, max_batches=2)
+    with torch.no_grad():
+        loss = sum(float(stock(**b).loss) for b in batches) / len(batches)
+    assert abs(r["loss"][0] - loss) < 1e-5
