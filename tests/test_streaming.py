@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 import transformers as T
-from factories import example_inputs, logits, make_model
 from safetensors.torch import load_file
 
+from factories import example_inputs, logits, make_model
 from symmerge.apply import apply
 from symmerge.model import LazyModel, load_model, save_model
 from symmerge.spec import random_element

@@ -13,7 +13,7 @@ import sys
 from . import SymmergeError, __version__
 
 #: modules under symmerge.commands, each with register(subparsers)
-COMMANDS = ("inspect", "transform", "interpolate", "barrier", "train", "eval")
+COMMANDS = ("inspect", "transform", "align", "interpolate", "barrier", "train", "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""Alignment: find the group element that maps one model onto another's coordinates."""

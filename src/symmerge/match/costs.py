@@ -1,0 +1,76 @@
+"""Cost matrices for one group, built from the spec's actions (git-re-basin style: the other groups applied).
+
+Every function takes canonical parameter dicts `A` (target) and `B` (B with every *other* group of
+the current element already applied) and reads which tensors, axes and sides a group touches from
+`spec.actions`; nothing here knows an architecture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..spec import Action, Spec
+
+
+def touching(spec: Spec, group: str) -> dict[str, Action]:
+    """Canonical tensors the group acts on, with the action ("sq" actions are config values, left out)."""
+    out = {}
+    for name, acts in spec.actions.items():
+        for a in acts:
+            if a.group == group and a.how != "sq":
+                out[name] = a
+    return out
+
+
+def along(t: torch.Tensor, action: Action, keep: tuple[int, ...] = ()) -> torch.Tensor:
+    """`t` as `[*batch, *keep, n, m]`: batch axes, then `keep` axes, then the group's axis, the rest flattened."""
+    lead = (*action.batch_axes, *keep, action.axis)
+    x = torch.movedim(t, lead, tuple(range(len(lead))))
+    return x.reshape(*x.shape[: len(lead)], -1)
+
+
+def gram_cross(spec: Spec, group: str, A: dict, B: dict, names=None) -> torch.Tensor:
+    """`sum_t A_t B_t^T` along the group's axis (`[*batch, n, n]`); `names` restricts the tensors."""
+    total = None
+    for name, a in touching(spec, group).items():
+        if (names is not None and name not in names) or name not in A:
+            continue
+        c = along(A[name], a) @ along(B[name], a).transpose(-1, -2)
+        total = c if total is None else total + c
+    return total
+
+
+def sides(spec: Spec, group: str, P: dict, names=None, keep_group: str | None = None):
+    """The "g" and "inv_t" sides of a group, each `[*batch, n, m]` (tensors concatenated along m).
+
+    With `keep_group` (the query-head permutation inside a KV group), tensors it acts on keep that
+    axis: the sides are then `[*batch, q, n, m]`, with q = 1 for tensors shared by the query heads.
+    """
+    out = {"g": [], "inv_t": []}
+    for name, a in touching(spec, group).items():
+        if (names is not None and name not in names) or name not in P:
+            continue
+        keep = tuple(b.axis for b in spec.actions[name] if b.group == keep_group)
+        x = along(P[name], a, keep)
+        if keep_group is not None and not keep:
+            x = x.unsqueeze(len(a.batch_axes))
+        out[a.how].append(x)
+    q = max((x.shape[len(a.batch_axes)] for x in out["g"] + out["inv_t"]), default=1) if keep_group else 0
+    res = {}
+    for how, xs in out.items():
+        if keep_group is not None:
+            xs = [x.expand(*x.shape[:-3], q, *x.shape[-2:]) for x in xs]
+        res[how] = torch.cat(xs, dim=-1) if xs else None
+    return res
+
+
+def circuit_similarity(xa, xb, ya, yb) -> torch.Tensor:
+    """`S[a, j, b, k] = <Xa_aj^T Ya_aj, Xb_bk^T Yb_bk>_F` for sides `[heads, q, n, m]`.
+
+    The circuits `X^T Y` (e.g. W_Q^T W_K, or V^T O^T) are unchanged by the head-internal map
+    (`(G X)^T (G^{-T} Y) = X^T Y`). They are never formed: `<X^T Y, X'^T Y'> = tr((X X'^T)(Y' Y^T))`,
+    a sum over the entrywise product of two n x n cross-Gram matrices.
+    """
+    xx = torch.einsum("ajim,bknm->ajbkin", xa, xb)  # [heads, q, heads, q, n, n]
+    yy = torch.einsum("ajim,bknm->ajbkin", ya, yb)
+    return (xx * yy).sum((-1, -2))

@@ -1,0 +1,178 @@
+"""The training loop of learned / dual matching: steps, validation barrier, best state, early stopping,
+checkpoints and resume (see `learned.py` for the method and `learn_state.py` for the files).
+
+Every step's randomness (which batch, which lambda) is a function of (seed, step) alone, so a run
+resumed from a checkpoint takes exactly the steps an uninterrupted run takes.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import SymmergeError
+from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
+from .learned import Interrupted, Learner, Result
+from .objective import barrier, grid
+
+
+def _step_randomness(seed: int, step: int, n_batches: int, lam_range) -> tuple[int, float]:
+    """Batch index and lambda of one step, from (seed, step) alone: an epoch-wise shuffle and a uniform lambda."""
+    epoch, pos = divmod(step, n_batches)
+    order = torch.randperm(n_batches, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    u = float(torch.rand((), generator=torch.Generator().manual_seed(seed * 7_919 + 104_729 * step + 1), dtype=torch.float64))
+    lo, hi = lam_range
+    return int(order[pos]), lo + (hi - lo) * u
+
+
+def _cosine_lr(lr: float, step: int, total: int) -> float:
+    return lr * 0.5 * (1 + math.cos(math.pi * step / max(total, 1)))
+
+
+class _StopFlag:
+    """Ctrl-C sets a flag; the loop checkpoints at the next step boundary and raises `Interrupted`."""
+
+    def __init__(self):
+        self.set, self.old = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, lambda *_: setattr(self, "set", True))
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+
+class Run:
+    def __init__(self, learner: Learner, train, val, checkpoint, on_step):
+        self.learner, self.train, self.val, self.ckpt, self.on_step = learner, train, val, checkpoint, on_step
+        self.cfg = learner.cfg
+        self.names = list(learner.trainables())
+        self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
+        self.lams = grid(self.cfg.grid_points)
+        self.meta = {"step": 0, "history": [], "best_step": 0, "best_barrier": None, "bad_evals": 0,
+                     "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None}
+
+    # --- state ---
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"param.{k}": v for k, v in self.learner.trainables().items()}
+        out.update({f"best.{k}": v for k, v in self.best.items()})
+        out.update({f"fixed.{s.key}.{k}": v for s in self.learner.slots for k, v in s.fixed.items()})
+        out.update({f"init.{k}": v for k, v in self.learner.init.items()})
+        out.update(adam_tensors(self.opt, self.names))
+        return out
+
+    def save(self) -> None:
+        if self.ckpt is not None:
+            save_state(self.ckpt, self.tensors(), {**self.meta, "settings": self.cfg.settings()})
+
+    def load(self) -> None:
+        tensors, meta = load_state(self.ckpt)
+        check_settings(meta["settings"], self.cfg.settings(), self.ckpt)
+        for k, v in self.learner.init.items():
+            if not torch.equal(tensors[f"init.{k}"], v):
+                raise SymmergeError(f"the checkpoint in {self.ckpt} started from a different initial element; "
+                                    "resume with the same --init or start a new run")
+        with torch.no_grad():
+            for k, t in self.learner.trainables().items():
+                t.copy_(tensors[f"param.{k}"])
+        for s in self.learner.slots:
+            for k in s.fixed:
+                s.fixed[k] = tensors[f"fixed.{s.key}.{k}"]
+        self.best = {k: tensors[f"best.{k}"] for k in self.names}
+        restore_adam(self.opt, self.names, tensors)
+        self.meta = {k: meta[k] for k in self.meta}
+
+    # --- evaluation ---
+    def evaluate(self, step: int) -> None:
+        m = self.meta
+        if m["endpoint_losses"] is None:  # the endpoints compute their inputs' functions: fixed for the run
+            ends = self.learner.curve(self.val, [0.0, 1.0])
+            m["endpoint_losses"] = ends
+        inner = self.learner.curve(self.val, self.lams[1:-1])
+        losses = [m["endpoint_losses"][0], *inner, m["endpoint_losses"][1]]
+        b = barrier(self.lams, losses)
+        finite = math.isfinite(b)  # NaN is written as null (strict JSON) and is never the best
+        m["history"].append({"step": step, "barrier": b if finite else None,
+                             "losses": [x if math.isfinite(x) else None for x in losses]})
+        if finite and (m["best_barrier"] is None or b < m["best_barrier"]):
+            m["best_barrier"], m["best_step"], m["bad_evals"] = b, step, 0
+            self.best = {k: v.detach().clone() for k, v in self.learner.trainables().items()}
+        else:
+            m["bad_evals"] += 1
+            if self.cfg.patience and m["bad_evals"] >= self.cfg.patience:
+                m["stopped_early"] = True
+
+    def train_step(self, step: int) -> float:
+        idx, lam = _step_randomness(self.cfg.seed, step, len(self.train), self.cfg.lam_range)
+        for pg in self.opt.param_groups:
+            pg["lr"] = _cosine_lr(self.cfg.lr, step, self.cfg.steps)
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.learner.loss(self.train[idx], lam)
+        if not torch.isfinite(loss):  # keep the best state and stop rather than step into NaN
+            self.meta["diverged"] = True
+            return float("nan")
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def go(self, resume: bool) -> Result:
+        if resume:
+            if self.ckpt is None:
+                raise SymmergeError("--resume needs a checkpoint folder")
+            self.load()
+        else:
+            self.best = {k: v.detach().clone() for k, v in self.learner.trainables().items()}
+            self.evaluate(0)
+        m, cfg = self.meta, self.cfg
+        bar = tqdm(total=cfg.steps, initial=m["step"], disable=not cfg.progress, desc=f"{cfg.method} matching")
+        t0 = time.perf_counter()
+        with _StopFlag() as stop:
+            while not m["done"] and not m["stopped_early"] and m["step"] < cfg.steps:
+                loss = self.train_step(m["step"])
+                if m["diverged"]:
+                    tqdm.write(f"{cfg.method} matching: the loss is not finite at step {m['step']}; "
+                               "keeping the best state (lower --lr)")
+                    break
+                m["step"] += 1
+                bar.update(1)
+                if m["step"] % cfg.eval_every == 0 or m["step"] == cfg.steps:
+                    self.evaluate(m["step"])
+                bar.set_postfix(loss=f"{loss:.4f}", barrier=str(m["history"][-1]["barrier"])[:6])
+                m["time_s"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                if stop.set or (self.on_step is not None and self.on_step(m["step"])):
+                    self.save()
+                    bar.close()
+                    where = f"checkpoint in {self.ckpt}: rerun with --resume" if self.ckpt else "no checkpoint folder given"
+                    raise Interrupted(f"stopped at step {m['step']}; {where}")
+                if m["step"] % cfg.checkpoint_every == 0:
+                    self.save()
+        bar.close()
+        m["done"] = True
+        self.save()
+        return self.result()
+
+    def result(self) -> Result:
+        with torch.no_grad():
+            for k, t in self.learner.trainables().items():
+                t.copy_(self.best[k])
+        m, learner = self.meta, self.learner
+        report = {
+            "method": self.cfg.method, "steps": m["step"], "time_s": round(m["time_s"], 3),
+            "barrier_before": m["history"][0]["barrier"], "barrier_after": m["best_barrier"],
+            "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
+            "lambdas": self.lams, "losses_before": m["history"][0]["losses"],
+            "losses_after": next(h["losses"] for h in m["history"] if h["step"] == m["best_step"]),
+            "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in learner.slots},
+            "fixed_groups": learner.fixed_groups, "settings": self.cfg.settings(), "history": m["history"],
+        }
+        return Result(learner.final_elements(), report)

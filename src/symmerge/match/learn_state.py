@@ -1,0 +1,76 @@
+"""Checkpoints of a learned-matching run: `state.safetensors` (tensors) + `state.json` (everything else).
+
+No pickles. The tensors are the trainable group parameters, the fixed ones (sign matrices), the best
+parameters seen so far, the Adam moments and step counts and the base elements the run started from;
+the JSON holds the step, the early-stopping bookkeeping, the history and the settings that must not
+change on resume. Randomness is derived from (seed, step), so no generator state is needed: a resumed
+run takes the same batches and the same lambdas as an uninterrupted one, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .. import SymmergeError
+
+FORMAT = 1
+TENSORS, META = "state.safetensors", "state.json"
+
+
+def save_state(folder, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Write both files atomically (temporary names, then rename; the JSON last marks completion)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    blob = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
+    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".safetensors", dir=folder)
+    os.close(fd)
+    save_file(blob, tmp)
+    os.replace(tmp, folder / TENSORS)
+    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"format": FORMAT, **meta}, f, indent=1)
+    os.replace(tmp, folder / META)
+
+
+def load_state(folder) -> tuple[dict[str, torch.Tensor], dict]:
+    folder = Path(folder)
+    if not (folder / META).is_file() or not (folder / TENSORS).is_file():
+        raise SymmergeError(f"no learned-matching checkpoint in {folder}; run without --resume to start one")
+    meta = json.loads((folder / META).read_text())
+    if meta.get("format") != FORMAT:
+        raise SymmergeError(f"{folder} holds a checkpoint of format {meta.get('format')}, expected {FORMAT}")
+    return load_file(folder / TENSORS), meta
+
+
+def check_settings(saved: dict, current: dict, folder) -> None:
+    """Resuming with other settings would not continue the same run: refuse and name the difference."""
+    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    if diff:
+        k, (old, new) = next(iter(diff.items()))
+        raise SymmergeError(f"the checkpoint in {folder} was made with {k}={old!r}, not {new!r}; "
+                            "resume with the same settings or start a new run")
+
+
+def adam_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    """Adam's per-parameter state under the parameters' names."""
+    params = opt.param_groups[0]["params"]
+    out = {}
+    for name, p in zip(names, params):
+        for k, v in opt.state.get(p, {}).items():
+            out[f"adam.{name}.{k}"] = v
+    return out
+
+
+def restore_adam(opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
+    params = opt.param_groups[0]["params"]
+    for name, p in zip(names, params):
+        state = {k.rsplit(".", 1)[1]: v.clone() for k, v in tensors.items() if k.startswith(f"adam.{name}.")
+                 and k.count(".") == name.count(".") + 2}
+        if state:
+            opt.state[p] = state

@@ -1,0 +1,72 @@
+"""Write the outputs of learned / dual matching and measure that each computes its input's function;
+`learned_align` is the one call behind `symmerge align --method learned|dual`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from .. import SymmergeError
+from ..apply import apply
+from ..io import AtomicFolder, prepare_output
+from ..model import Model, hf_class, save_model
+from .learned import LearnConfig, Result, learn
+
+
+def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False) -> list[tuple[Path, Path]]:
+    """learned: OUT = g·B. dual: OUT/A = gA·A and OUT/B = gB·B. Returns (input, output) folder pairs."""
+    meta = {"align": {k: v for k, v in result.report.items() if k != "history"}}
+    out = prepare_output(out, force)
+    if result.report["method"] == "learned":
+        save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta)
+        return [(b.path, out)]
+    with AtomicFolder(out) as tmp:
+        save_model(a, apply(a.spec, result.elements["A"], a.params), tmp / "A", extra=meta)
+        save_model(b, apply(b.spec, result.elements["B"], b.params), tmp / "B", extra=meta)
+    return [(a.path, out / "A"), (b.path, out / "B")]
+
+
+def _stock(folder, class_name: str):
+    return hf_class(class_name).from_pretrained(folder, dtype=torch.float64).eval()
+
+
+@torch.no_grad()
+def logit_gap(source, output, class_name: str, batch: dict) -> float:
+    """Largest |logit difference| between two checkpoints loaded by stock transformers (in float64,
+    so that it measures the stored weights, not the arithmetic)."""
+    inputs = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in batch.items() if k != "labels"}
+    x = _stock(source, class_name)(**inputs).logits
+    y = _stock(output, class_name)(**inputs).logits
+    return float((x - y).abs().max())
+
+
+def output_report(pairs: list[tuple[Path, Path]], class_name: str, batch: dict) -> list[dict]:
+    """For every output, its input and the largest logit difference from it."""
+    return [{"input": str(i), "output": str(o), "max_logit_diff": logit_gap(i, o, class_name, batch)} for i, o in pairs]
+
+
+def checkpoint_folder(out) -> Path:
+    """Where a run writing OUT keeps its resumable state: the sibling folder OUT.learn-state."""
+    out = Path(out)
+    return out.with_name(out.name + ".learn-state")
+
+
+def learned_align(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConfig, out, init=None,
+                  force: bool = False, resume: bool = False, keep_checkpoint: bool = False) -> dict:
+    """Learn, write OUT (g·B, or A/ and B/ for dual) and return the JSON report with, for every output,
+    the largest logit difference from its input (on the first validation batch). The run's state lives
+    in `checkpoint_folder(out)` until OUT is written (then it is removed unless `keep_checkpoint`)."""
+    prepare_output(out, force)  # fail before any work
+    ckpt = checkpoint_folder(out)
+    if not resume and ckpt.exists():
+        if not force:
+            raise SymmergeError(f"{ckpt} holds an unfinished run; pass --resume to continue it or --force to start over")
+        shutil.rmtree(ckpt)
+    result = learn(a, b, train, val, cfg, init=init, checkpoint=ckpt, resume=resume)
+    pairs = save_outputs(result, a, b, out, force)
+    report = dict(result.report, outputs=output_report(pairs, a.shape.hf_class, val[0]))
+    if not keep_checkpoint:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return report

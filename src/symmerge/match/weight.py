@@ -1,0 +1,294 @@
+"""Data-free weight matching over the whole symmetry group, by block coordinate descent.
+
+Objective (reported as `similarity = 1 - ||A - g·B||^2 / ||A||^2`, summed over every canonical
+tensor but the normalisation eps): for the norm-preserving groups (permutations, the residual
+rotation) minimising the distance is maximising `sum <A_t, (g·B)_t>`; for scales and invertible maps
+the inner product is unbounded, and the least-squares form is the well-posed one (see `solvers`).
+
+One sweep visits, in order: the residual rotation, the residual scale, then per layer the attention
+block (head permutation with the query-head permutations inside KV groups, then the QK and OV maps),
+the FFN permutation and the GLU scales. Each step rebuilds its cost from `spec.actions` with every
+other group of the current element applied, and solves it by kind:
+
+- head permutation: assignment on the similarity of the heads' QK and OV circuits (`costs.circuit_
+  similarity`), which the head-internal maps leave unchanged, so heads are matched before their maps;
+- QK / OV maps: balanced least squares inside each matched head, then each singular value set to
+  its exact minimiser (`solvers.balanced_lstsq`), under the RoPE / clip_qkv constraints;
+- other permutations: assignment on `sum_t A_t (B_t)^T` along the permuted axis;
+- residual rotation: Procrustes over every reader and writer (fixing the all-ones vector for
+  LayerNorm models); residual scale and GLU scales: exact minimisers in closed form (roots of a
+  quartic, `solvers.best_scale`: the scale acts by d on writers and by 1/d on readers).
+
+Why the circuits for the heads: starting from the identity, the per-head maps of a planted element
+are unknown, and comparing raw W_Q's across heads would be meaningless; the circuits need only the
+residual map, which the sweep finds first. The heads step is not an exact minimiser of the distance
+(no closed form exists for the map with its inverse transpose); the acceptance rule below keeps
+the objective monotone all the same.
+
+Monotonicity: a step's candidate is kept only if the exactly rounded sum (`math.fsum`) of the squared
+distances of the tensors it touches decreases; the untouched terms are bitwise unchanged, so the
+total never increases. In the first sweep a group's cost uses only tensors whose other groups have
+been solved already (e.g. the residual rotation is first found from the embeddings and the LM head),
+so that the unsolved groups' identity guesses do not pollute it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import groups as G
+from ..apply import apply
+from ..spec import Spec
+from . import costs
+from .solvers import best_scale, linear_assignment, procrustes, solve_map
+
+HEAD_FAMILIES = ("head_perm", "qk_map", "ov_map")
+
+
+@dataclass
+class MatchResult:
+    g: dict[str, torch.Tensor]
+    history: list[float]  # similarity after sweep 0 (the starting element), 1, 2, ...
+    seconds: float
+    rejected: int = 0  # steps whose candidate would not have improved the objective
+    steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _schedule(spec: Spec, chosen: set[str]) -> list[list[str]]:
+    """Steps of one sweep: lists of groups solved together (a layer's attention groups form one step)."""
+    steps = [[n] for n, g in spec.groups.items() if g.layer is None and n in chosen]
+    for i in range(spec.shape.n_layers):
+        layer = [n for n, g in spec.groups.items() if g.layer == i and n in chosen]
+        heads = [n for n in layer if spec.groups[n].family in HEAD_FAMILIES]
+        if heads:
+            steps.append(heads)
+        steps += [[n] for n in layer if n not in heads]
+    return steps
+
+
+class _State:
+    """The current element, and the squared distance of every tensor under it (kept up to date)."""
+
+    def __init__(self, spec: Spec, A: dict, B: dict, g: dict):
+        self.spec, self.A, self.B, self.g = spec, A, B, g
+        self.names = [n for n, t in A.items() if t.dim() > 0]  # norm.eps moves with the scale: not a weight
+        self.norm2 = math.fsum(float((A[n] ** 2).sum()) for n in self.names)
+        self.terms = self._terms(self.names, g)
+
+    def moved(self, names, g) -> dict:
+        return apply(self.spec, g, {n: self.B[n] for n in names})
+
+    def _terms(self, names, g) -> dict[str, float]:
+        """Squared distance per tensor, one tensor at a time (peak memory: one moved tensor)."""
+        out = {}
+        for n in names:
+            out[n] = float(((self.A[n] - self.moved([n], g)[n]) ** 2).sum())
+        return out
+
+    def similarity(self) -> float:
+        return 1.0 - math.fsum(self.terms.values()) / self.norm2
+
+    def offer(self, names: list[str], candidate: dict, judge=None) -> bool:
+        """Keep `candidate` if it lowers the squared distance of `names` (exactly rounded sums).
+
+        `names` must be every tensor the candidate changes; `judge` (default: all of them) are the
+        ones whose distance decides (the first sweep judges on the tensors its cost could use).
+        """
+        new = self._terms(names, candidate)
+        if not all(math.isfinite(v) for v in new.values()):
+            return False
+        judge = names if judge is None else [n for n in names if n in judge]
+        if math.fsum(new[n] for n in judge) < math.fsum(self.terms[n] for n in judge):
+            self.g = candidate
+            self.terms.update(new)
+            return True
+        return False
+
+
+def _without(g: dict, names) -> dict:
+    out = dict(g)
+    for n in names:
+        out[n] = None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _allowed(spec: Spec, group: str, solved: set[str], chosen: set[str]) -> set[str] | None:
+    """First sweep: tensors whose other (chosen, non-scalar) groups are solved already; None = all."""
+    ok = set()
+    for name in costs.touching(spec, group):
+        others = {a.group for a in spec.actions[name] if a.group != group}
+        if all(o in solved or o not in chosen or spec.groups[o].kind == "scalar" for o in others):
+            ok.add(name)
+    return ok or None
+
+
+def _scatter(x_a: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
+    """A solution found in A's order, stored at B's indices (entry perm[i] gets x_a[i])."""
+    if perm is None:
+        return x_a
+    out = torch.empty_like(x_a)
+    out[perm] = x_a
+    return out
+
+
+# --- one step per group kind --------------------------------------------------------------------------
+
+
+def _solve_orthogonal(st: _State, name: str, allowed) -> dict:
+    grp = st.spec.groups[name]
+    others = _without(st.g, [name])
+    c = 0.0
+    for t in costs.touching(st.spec, name):  # one tensor at a time: the residual touches everything
+        if t in st.A and (allowed is None or t in allowed):
+            c = c + costs.gram_cross(st.spec, name, st.A, st.moved([t], others), [t])
+    return {**st.g, name: procrustes(c, "fixes_ones" in grp.constraints)}
+
+
+def _solve_scaling(st: _State, name: str, allowed) -> dict:
+    """Scalar or diagonal: the exact minimiser entry by entry (`solvers.best_scale`), in A's order, then re-indexed."""
+    grp = st.spec.groups[name]
+    others = _without(st.g, [name])
+    zero = torch.zeros((), dtype=G.DTYPE)
+    p = q = s = t = zero
+    for n in costs.touching(st.spec, name):  # accumulated one tensor at a time
+        if n not in st.A or (allowed is not None and n not in allowed):
+            continue
+        sa, sb = costs.sides(st.spec, name, st.A, [n]), costs.sides(st.spec, name, st.moved([n], others), [n])
+        for how in ("g", "inv_t"):
+            if sa[how] is None:
+                continue
+            xa, xb = sa[how], sb[how]
+            dims = tuple(range(xa.dim())) if grp.kind == "scalar" else -1
+            if how == "g":
+                p, q = p + (xb * xb).sum(dims), q + (xa * xb).sum(dims)
+            else:
+                s, t = s + (xb * xb).sum(dims), t + (xa * xb).sum(dims)
+    perm = st.g[grp.indexed_by] if grp.indexed_by else None
+    current = st.g[name] if perm is None else st.g[name][perm]  # in A's order
+    d = best_scale(p, q, s, t, positive=grp.kind == "scalar" or "positive" in grp.constraints)
+    d = torch.where(torch.isfinite(d), d, current)
+    return {**st.g, name: _scatter(d, perm)}
+
+
+def _solve_permutation(st: _State, name: str, allowed) -> dict:
+    touched = [t for t in costs.touching(st.spec, name) if t in st.A]
+    bp = st.moved(touched, _without(st.g, [name]))
+    s = costs.gram_cross(st.spec, name, st.A, bp, allowed)
+    flat = s.reshape(-1, *s.shape[-2:])
+    p = torch.stack([linear_assignment(m) for m in flat]).reshape(s.shape[:-1])
+    return {**st.g, name: p}
+
+
+def _head_perms(st: _State, names: list[str], bp: dict, chosen: set[str]) -> dict:
+    """Head (KV group) permutation and query-head permutations from circuit similarities."""
+    spec = st.spec
+    top = next(n for n in names if spec.groups[n].family == "head_perm" and not spec.groups[n].batch)
+    inner = next((n for n in spec.groups if spec.groups[n].indexed_by == top and spec.groups[n].kind == "permutation"), None)
+    maps = [n for n, g in spec.groups.items() if g.indexed_by == top and g.kind != "permutation"]
+    sim = 0.0
+    for m in maps:
+        sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
+        q_axis = (lambda x: x) if inner is not None else (lambda x: x.unsqueeze(1))  # [h, q, n, m]
+        sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]))
+    p, inner_p = assign_heads(sim, inner is not None)
+    return {top: p} if inner is None else {top: p, inner: inner_p}
+
+
+def assign_heads(sim: torch.Tensor, inner: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV-group permutation `p` and query-head permutations from `sim[a, j, b, k]` (A's head (a, j) vs B's (b, k)).
+
+    Each pair of KV groups is scored by its best query-head assignment; the query-head permutations
+    are returned indexed by B's KV group (as the spec's `qheads` group is).
+    """
+    n_h, q = sim.shape[0], sim.shape[1]
+    value = torch.zeros(n_h, n_h, dtype=G.DTYPE)
+    inner_p = torch.zeros(n_h, n_h, q, dtype=torch.long)
+    for a in range(n_h):
+        for b in range(n_h):
+            s = sim[a, :, b, :]
+            pi = linear_assignment(s) if inner else torch.arange(q)
+            inner_p[a, b], value[a, b] = pi, s[torch.arange(q), pi].sum()
+    p = linear_assignment(value)
+    return p, _scatter(inner_p[torch.arange(n_h), p], p)
+
+
+def _solve_heads(st: _State, names: list[str], allowed, chosen: set[str]) -> dict:
+    """A layer's attention groups: permutations by circuits, then each map inside the matched heads."""
+    spec = st.spec
+    layer = spec.groups[names[0]].layer
+    block = [n for n, g in spec.groups.items() if g.layer == layer and g.family in HEAD_FAMILIES]
+    touched = sorted({t for n in block for t in costs.touching(spec, n)} & set(st.A))
+    g0 = _without(st.g, block)
+    perms = {n: st.g[n] for n in block if spec.groups[n].kind == "permutation"}
+    if any(spec.groups[n].family == "head_perm" for n in names):
+        perms = _head_perms(st, names, st.moved(touched, g0), chosen)
+    cand = {**st.g, **perms}
+    bq = st.moved(touched, {**g0, **perms})  # B's heads in A's order, maps not applied
+    for m in names:
+        grp = spec.groups[m]
+        if grp.kind == "permutation":
+            continue
+        sa, sb = costs.sides(spec, m, st.A), costs.sides(spec, m, bq)
+        found = solve_map(grp, sa["g"], sb["g"], sa["inv_t"], sb["inv_t"])
+        cand[m] = _scatter(found, perms[grp.indexed_by] if grp.indexed_by else None)
+    return cand
+
+
+# --- the loop ------------------------------------------------------------------------------------------
+
+
+def _kind(spec: Spec, step: list[str]) -> str:
+    grp = spec.groups[step[0]]
+    if len(step) > 1 or grp.family in HEAD_FAMILIES:
+        return "attention"
+    return {"orthogonal": "rotation", "permutation": "permutation"}.get(grp.kind, "scaling")
+
+
+def _step(st: _State, step: list[str], solved: set[str], chosen: set[str], first: bool) -> bool:
+    spec = st.spec
+    kind = _kind(spec, step)
+    allowed = _allowed(spec, step[0], solved, chosen) if first and len(step) == 1 else None
+    if kind == "attention":
+        cand = _solve_heads(st, step, allowed, chosen)
+    elif kind == "rotation":
+        cand = _solve_orthogonal(st, step[0], allowed)
+    elif kind == "permutation":
+        cand = _solve_permutation(st, step[0], allowed)
+    else:
+        cand = _solve_scaling(st, step[0], allowed)
+    touched = sorted({t for n in step for t in costs.touching(spec, n)} & set(st.names))
+    return st.offer(touched, cand, allowed)
+
+
+def weight_match(spec: Spec, A: dict, B: dict, families: list[str] | None = None, max_iters: int = 20,
+                 tol: float = 1e-12, g0: dict | None = None, progress: bool = False) -> MatchResult:
+    """The element g of the selected families making g·B closest to A (B, A canonical float64 params)."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    chosen = set(spec.select(families))
+    g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
+    st = _State(spec, A, B, g)
+    history, rejected, count, restarted, by_kind = [st.similarity()], 0, 0, False, {}
+    steps = _schedule(spec, chosen)
+    for it in tqdm(range(max_iters), desc="weight matching", disable=not progress):
+        solved, first = set(), it == 0 and g0 is None
+        for step in steps:
+            t0 = time.perf_counter()
+            rejected += not _step(st, step, solved, chosen, first)
+            kind = _kind(spec, step)
+            by_kind[kind] = by_kind.get(kind, 0.0) + time.perf_counter() - t0
+            solved.update(step)
+            count += 1
+        if first and st.similarity() < history[0]:  # the initial sweep made things worse: start again
+            st, restarted = _State(spec, A, B, g), True
+        history.append(st.similarity())
+        if history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30) and it > 0:
+            break
+    extra = {"restarted": restarted, "seconds_by_step_kind": by_kind}
+    return MatchResult(st.g, history, time.perf_counter() - start, rejected, count, extra)

@@ -1,0 +1,266 @@
+"""Learned and dual matching: outputs compute their inputs' functions (stock HF), a planted problem is
+solved, resumed runs equal uninterrupted ones, bad input is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from factories import ARCHS, make_model, save_model
+from symmerge import SymmergeError
+from symmerge import groups as G
+from symmerge.apply import apply
+from symmerge.match.learned import Interrupted, LearnConfig, Learner, learn, parse_lam_range
+from symmerge.match.objective import Objective
+from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
+from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.spec import random_element
+
+CONTINUOUS = ["residual_rotation", "qk_map", "ov_map"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: thread hand-offs cost more than the arithmetic."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pair")
+    return load_model(save_model(make_model("gpt2", 0), d / "a")), load_model(save_model(make_model("gpt2", 1), d / "b"))
+
+
+def batches(n: int, seed: int, size: int = 4, length: int = 12) -> list[dict]:
+    """Synthetic language-model batches (random token ids), in the shape `symmerge.data.load_batches` returns."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 61, (size, length), generator=gen)
+        out.append({"input_ids": ids, "labels": ids.clone()})
+    return out
+
+
+def quick(**kw) -> LearnConfig:
+    base = dict(steps=6, lr=0.05, eval_every=3, grid_points=3, progress=False)
+    return LearnConfig(**{**base, **kw})
+
+
+def _logits(model, params, batch):
+    config, sd = export_state_dict(model, params, dtype=torch.float64)
+    with torch.no_grad():
+        return build_hf_model(config, sd, model.shape.hf_class)(input_ids=batch["input_ids"]).logits
+
+
+def test_learned_output_computes_b(pair, tmp_path):
+    """g·B (continuous groups learned, permutations straight-through, from a random start) is a stock
+    HF checkpoint with B's logits to 1e-4."""
+    a, b = pair
+    init = random_element(b.spec, torch.Generator().manual_seed(3))
+    result = learn(a, b, batches(3, 0), batches(1, 1), quick(lr=0.2), init=init)
+    g = result.elements["B"]
+    assert float((g["residual.rotation"] - init["residual.rotation"]).abs().max()) > 1e-3, "nothing was learned"
+    report = output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, batches(1, 9)[0])
+    assert report[0]["max_logit_diff"] < 1e-4, report
+    # negative control: a rotation that does not fix the all-ones vector is not a symmetry of GPT-2
+    bad = dict(g, **{"residual.rotation": G._haar_orthogonal(b.shape.d_model, torch.Generator().manual_seed(0))})
+    x = batches(1, 9)[0]
+    assert float((_logits(b, apply(b.spec, bad, b.params), x) - _logits(b, b.params, x)).abs().max()) > 1e-3
+
+
+def test_dual_outputs_compute_a_and_b(pair, tmp_path):
+    a, b = pair
+    init = random_element(b.spec, torch.Generator().manual_seed(4))
+    result = learn(a, b, batches(3, 0), batches(1, 1), quick(method="dual", lr=0.2), init=init)
+    assert float((result.elements["A"]["residual.rotation"] - torch.eye(24, dtype=torch.float64)).abs().max()) > 1e-3
+    assert all(torch.equal(result.elements["B"][n], init[n]) for n in ("blocks.0.heads", "blocks.1.ffn")), \
+        "dual matching must keep the absorbed permutations"
+    pairs = save_outputs(result, a, b, tmp_path / "dual")
+    assert [p[1].name for p in pairs] == ["A", "B"]
+    for row in output_report(pairs, a.shape.hf_class, batches(1, 9)[0]):
+        assert row["max_logit_diff"] < 1e-4, row
+
+
+def test_planted_problem_is_solved(pair):
+    """B = g*·A for a random continuous g*: the midpoint of A and B is poor; learned matching from the
+    identity brings the validation midpoint loss back to A's loss (the barrier falls by > 90%)."""
+    a, _ = pair
+    gstar = random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5)
+    b = dataclasses.replace(a, params=apply(a.spec, gstar, a.params))
+    val = batches(2, 1)
+    result = learn(a, b, batches(4, 0), val, LearnConfig(groups=CONTINUOUS, steps=60, lr=0.02, eval_every=15,
+                                                            lam_range=(0.5, 0.5), grid_points=3, progress=False))
+    rep = result.report
+    loss_a, mid_before, mid_after = rep["losses_before"][0], rep["losses_before"][1], rep["losses_after"][1]
+    assert mid_before - loss_a > 0.2, "the planted problem is too easy to prove anything"
+    assert abs(mid_after - loss_a) < 0.1 * (mid_before - loss_a), rep["history"]
+    assert rep["barrier_after"] < 0.1 * rep["barrier_before"]
+    # the reported barrier is what the returned element gives
+    learner = Learner(a, b, LearnConfig(groups=["head_perm"]), None)  # see test_best_state_kept...
+    learner.base["B"] = result.elements["B"]
+    assert learner.curve(val, [0.5])[0] == pytest.approx(mid_after, abs=1e-6)
+
+
+def test_resume_equals_uninterrupted(pair, tmp_path):
+    a, b = pair
+    init = random_element(b.spec, torch.Generator().manual_seed(6))
+    train, val = batches(3, 0), batches(1, 1)
+    cfg = quick(steps=8, lr=0.1, seed=11, checkpoint_every=100)
+    whole = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "whole")
+    with pytest.raises(Interrupted, match="--resume"):
+        learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", on_step=lambda step: step == 4)
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["state.json", "state.safetensors"]  # no pickles
+    resumed = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", resume=True)
+    for n, t in whole.elements["B"].items():
+        assert torch.equal(t, resumed.elements["B"][n]), n
+    assert whole.report["history"] == resumed.report["history"]
+    # negative control: another seed takes other batches and lambdas, so the result differs
+    other = learn(a, b, train + batches(2, 5), val, dataclasses.replace(cfg, seed=12), init=init)
+    assert not torch.equal(other.elements["B"]["residual.rotation"], whole.elements["B"]["residual.rotation"])
+    with pytest.raises(SymmergeError, match="lr=0.1"):
+        learn(a, b, train, val, dataclasses.replace(cfg, lr=0.2), init=init, checkpoint=tmp_path / "cut", resume=True)
+
+
+def test_best_state_kept_and_early_stopping(pair):
+    a, b = pair
+    cfg = quick(steps=30, lr=0.3, eval_every=2, patience=2, seed=1)
+    result = learn(a, b, batches(3, 0), batches(1, 1), cfg)
+    rep = result.report
+    assert rep["stopped_early"] and rep["steps"] < 30
+    assert rep["barrier_after"] == min(h["barrier"] for h in rep["history"])
+    assert rep["best_step"] != rep["steps"], "the best state is not the last one here: the check shows it is kept"
+    # the returned element is the best one, not the last (evaluated by a learner whose only slot is a
+    # permutation: continuous slots at the identity would move the element by rounding, 1e-16)
+    learner = Learner(a, b, LearnConfig(groups=["head_perm"]), None)
+    learner.base["B"] = result.elements["B"]
+    curve = learner.curve(batches(1, 1), [0.0, 0.5, 1.0])
+    assert curve[1] == pytest.approx(rep["losses_after"][1], abs=1e-6)
+
+
+def test_straight_through_permutations(pair):
+    """The dense straight-through element acts exactly as the index permutation, and gradients reach
+    the latent matrices."""
+    a, b = pair
+    learner = Learner(a, b, LearnConfig(groups=["ffn_perm", "head_perm"]),
+                      random_element(b.spec, torch.Generator().manual_seed(2)))
+    hard = apply(learner.spec, learner.element("B", hard=True), learner.params["B"])
+    soft = apply(learner.train_spec, learner.element("B", hard=False), learner.params["B"])
+    for k in hard:
+        assert torch.equal(hard[k], soft[k].detach()), k
+    learner.loss(batches(1, 0)[0], 0.5).backward()
+    for s in learner.slots:
+        assert float(s.raw["latent"].grad.abs().max()) > 0, s.key
+
+
+def test_interpolated_loss_handles_the_residual_scale(pair):
+    """A residual scale moves eps to a^2 eps; the objective rescales to the HF model's eps, so a·A has
+    A's logits (float64). Negative control: without the rescale they change."""
+    a, _ = pair
+    obj = Objective(a, torch.float64)
+    batch = batches(1, 0)[0]
+    scaled = apply(a.spec, {"residual.scale": torch.tensor(0.01, dtype=torch.float64)}, a.params)
+    base = obj.forward(a.params, batch).logits
+    assert float((obj.forward(scaled, batch).logits - base).abs().max()) < 1e-10
+    obj.rescale = False
+    assert float((obj.forward(scaled, batch).logits - base).abs().max()) > 1e-2
+
+
+def test_bad_input_is_refused(pair, tmp_path):
+    a, b = pair
+    train, val = batches(1, 0), batches(1, 1)
+    for lam in [(-0.1, 0.5), (0.6, 0.4), (0.5, 1.2)]:
+        with pytest.raises(SymmergeError, match="lam-range"):
+            learn(a, b, train, val, quick(lam_range=lam))
+    with pytest.raises(SymmergeError, match="residual_rotation"):
+        learn(a, b, train, val, quick(param="direct"))  # GPT-2's rotation is orthogonal: no free matrix
+    with pytest.raises(SymmergeError, match="nothing to learn"):
+        learn(a, b, train, val, quick(method="dual", groups=["head_perm", "ffn_perm"]))
+    with pytest.raises(SymmergeError, match="no learned-matching checkpoint"):
+        learn(a, b, train, val, quick(), checkpoint=tmp_path / "none", resume=True)
+    with pytest.raises(SymmergeError, match="labels"):
+        learn(a, b, [{"input_ids": train[0]["input_ids"]}], val, quick())
+    with pytest.raises(SymmergeError, match="has no entry"):
+        learn(a, b, train, val, quick(), init={"residual.rotation": torch.eye(24, dtype=torch.float64)})
+
+
+def _arch_batches(arch: str, n: int, seed: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    if arch == "vit":
+        return [{"pixel_values": torch.randn(3, 1, 8, 8, generator=gen, dtype=torch.float64),
+                 "labels": torch.randint(0, 10, (3,), generator=gen)} for _ in range(n)]
+    return batches(n, seed, size=3, length=10)
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gpt2"])
+def test_every_architecture(arch, tmp_path):
+    """On every adapter: gradients reach every learned slot (and no model weight); learned (with
+    permutations) and dual outputs are stock checkpoints computing their inputs' functions."""
+    a = load_model(save_model(make_model(arch, 0), tmp_path / "a"))
+    b = load_model(save_model(make_model(arch, 1), tmp_path / "b"))
+    init = random_element(b.spec, torch.Generator().manual_seed(7))
+    train, val, probe = _arch_batches(arch, 2, 0), _arch_batches(arch, 1, 1), _arch_batches(arch, 1, 9)[0]
+    signed = {n for n, grp in b.spec.groups.items() if "signed_permutation" in grp.constraints}
+    for method in ("learned", "dual"):
+        learner = Learner(a, b, quick(method=method), init)
+        assert not signed & {s.group for s in learner.slots}, "discrete signed permutations must stay fixed"
+        learner.loss(train[0], 0.5).backward()
+        for s in learner.slots:
+            grads = [t.grad for t in s.raw.values()]
+            assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(
+                float(g.abs().max()) > 0 for g in grads), f"{arch}/{method}: no gradient reaches {s.key}"
+        assert all(p.grad is None for p in learner.obj.hf.parameters())
+        result = learn(a, b, train, val, quick(method=method, steps=3, lr=0.1), init=init)
+        for row in output_report(save_outputs(result, a, b, tmp_path / method), a.shape.hf_class, probe):
+            assert row["max_logit_diff"] < 1e-4, (arch, method, row)
+
+
+def test_absolute_anchor_with_cayley_signs(pair, tmp_path):
+    """Anchored at the initial element itself, plain Cayley cannot start from a rotation with
+    det(R) = -1 (it has eigenvalue -1) and says so; cayley-signs can, and its output computes B."""
+    a, b = pair
+    u = G.ones_complement_basis(24)
+    seed = next(s for s in range(50) if float(torch.linalg.det(u.T @ random_element(
+        b.spec, torch.Generator().manual_seed(s))["residual.rotation"] @ u)) < 0)
+    init = random_element(b.spec, torch.Generator().manual_seed(seed))
+    polar = "qk_map=polar,ov_map=polar"
+    with pytest.raises(SymmergeError, match="cayley-signs"):
+        learn(a, b, batches(2, 0), batches(1, 1), quick(anchor="absolute", param=f"residual_rotation=cayley,{polar}"), init=init)
+    result = learn(a, b, batches(2, 0), batches(1, 1),
+                   quick(anchor="absolute", param=f"residual_rotation=cayley-signs,{polar}", lr=0.1), init=init)
+    assert result.report["parameterisation"]["residual.rotation"] == "cayley-signs"
+    for row in output_report(save_outputs(result, a, b, tmp_path / "abs"), b.shape.hf_class, batches(1, 9)[0]):
+        assert row["max_logit_diff"] < 1e-4, row
+
+
+def test_parse_lam_range():
+    assert parse_lam_range("0.4,0.6") == (0.4, 0.6)
+    assert parse_lam_range("0.5") == (0.5, 0.5)
+    for bad in ("a,b", "0.1,0.2,0.3"):
+        with pytest.raises(SymmergeError, match="lam-range"):
+            parse_lam_range(bad)
+
+
+def test_learned_align_one_call(pair, tmp_path):
+    """The library call behind the CLI: refuses a non-empty OUT, refuses to silently restart an
+    unfinished run, resumes it, writes OUT, reports the logit gaps and removes its state."""
+    a, b = pair
+    out = tmp_path / "out"
+    cfg = quick(steps=4, eval_every=2)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(SymmergeError, match="not empty"):
+        learned_align(a, b, batches(2, 0), batches(1, 1), cfg, tmp_path / "full")
+    with pytest.raises(Interrupted):
+        learn(a, b, batches(2, 0), batches(1, 1), cfg, checkpoint=checkpoint_folder(out), on_step=lambda s: s == 2)
+    with pytest.raises(SymmergeError, match="--resume"):
+        learned_align(a, b, batches(2, 0), batches(1, 1), cfg, out)
+    report = learned_align(a, b, batches(2, 0), batches(1, 1), cfg, out, resume=True)
+    assert report["steps"] == 4 and report["outputs"][0]["max_logit_diff"] < 1e-4
+    assert (out / "config.json").is_file() and not checkpoint_folder(out).exists()
+    json.dumps(report)  # the report is JSON as it stands
