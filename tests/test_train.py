@@ -45,6 +45,8 @@ def test_seed_determinism_resume_and_seed_difference(tmp_path, text_file):
     part = train(TrainArgs(seed=0, out=str(tmp_path / "b"), stop_after=6, **kw))  # "interrupted" at step 6
     assert not (part / "model.safetensors").exists()
     assert json.loads((part / ".train_state" / "state.json").read_text())["step"] == 6
+    state_files = [f for f in (part / ".train_state").rglob("*") if f.is_file()]
+    assert state_files and {f.suffix for f in state_files} <= {".safetensors", ".json"}  # no pickles
     b = train(TrainArgs(seed=0, out=str(tmp_path / "b"), resume=True, **kw))
     assert set(weights(b)) == set(wa) and all(torch.equal(wa[k], v) for k, v in weights(b).items())
     assert record(b)["test"] == record(a)["test"]  # evaluation of the resumed model equals too
