@@ -151,28 +151,53 @@ class AtomicFolder:
         return False
 
 
+class ShardWriter:
+    """Safetensors shards written as tensors arrive (a new shard past `max_shard_bytes`); `finish` names
+    them `model-0000k-of-0000n.safetensors` with an index, or `model.safetensors` when one suffices."""
+
+    def __init__(self, folder: Path, max_shard_bytes: int):
+        self.folder, self.max = folder, max_shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.size = 0
+        self.files: list[tuple[str, list[str]]] = []
+        self.total = 0
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            if self.pending and self.size + nbytes > self.max:
+                self.flush()
+            self.pending[name] = t.contiguous()
+            self.size += nbytes
+            self.total += nbytes
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        fname = f"model-{len(self.files) + 1:05d}.safetensors"
+        save_file(self.pending, str(self.folder / fname), metadata={"format": "pt"})
+        self.files.append((fname, list(self.pending)))
+        self.pending, self.size = {}, 0
+
+    def finish(self) -> None:
+        self.flush()
+        if len(self.files) == 1:
+            (self.folder / self.files[0][0]).rename(self.folder / WEIGHTS)
+            return
+        n, weight_map = len(self.files), {}
+        for k, (fname, names) in enumerate(self.files):
+            final = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+            (self.folder / fname).rename(self.folder / final)
+            weight_map.update({name: final for name in names})
+        total = self.total  # bytes of tensor data, as transformers counts it
+        (self.folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
 def write_weights(folder: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int = 2 * 1024**3) -> None:
     """Write safetensors, sharded with an index when larger than `max_shard_bytes`."""
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t.contiguous()
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(folder / WEIGHTS), metadata={"format": "pt"})
-        return
-    weight_map, total = {}, 0
-    for k, shard in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / fname), metadata={"format": "pt"})
-        for name, t in shard.items():
-            weight_map[name] = fname
-            total += t.numel() * t.element_size()
-    (folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    writer = ShardWriter(folder, max_shard_bytes)
+    writer.add(tensors)
+    writer.finish()
 
 
 def copy_side_files(src: Path, dst: Path) -> None:

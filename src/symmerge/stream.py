@@ -13,50 +13,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .io import INDEX, WEIGHTS, AtomicFolder, copy_side_files, prepare_output
+from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
 from .model import LazyModel, keep_expected
 
 Params = dict[str, torch.Tensor]
-
-
-class _ShardWriter:
-    def __init__(self, folder: Path, max_shard_bytes: int):
-        self.folder, self.max = folder, max_shard_bytes
-        self.pending: dict[str, torch.Tensor] = {}
-        self.size = 0
-        self.files: list[tuple[str, list[str]]] = []
-
-    def add(self, tensors: dict[str, torch.Tensor]) -> None:
-        for name, t in tensors.items():
-            nbytes = t.numel() * t.element_size()
-            if self.pending and self.size + nbytes > self.max:
-                self.flush()
-            self.pending[name] = t.contiguous()
-            self.size += nbytes
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        fname = f"model-{len(self.files) + 1:05d}.safetensors"
-        save_file(self.pending, str(self.folder / fname), metadata={"format": "pt"})
-        self.files.append((fname, list(self.pending)))
-        self.pending, self.size = {}, 0
-
-    def finish(self) -> None:
-        self.flush()
-        if len(self.files) == 1:
-            (self.folder / self.files[0][0]).rename(self.folder / WEIGHTS)
-            return
-        n, weight_map, total = len(self.files), {}, 0
-        for k, (fname, names) in enumerate(self.files):
-            final = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-            (self.folder / fname).rename(self.folder / final)
-            weight_map.update({name: final for name in names})
-        total = sum((self.folder / f).stat().st_size for f in set(weight_map.values()))
-        (self.folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
 def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out, force: bool = False,
@@ -73,7 +35,7 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
         return {k: v.to(dtype=dtype, copy=True) for k, v in sd.items()}
 
     with AtomicFolder(out) as tmp:
-        writer = _ShardWriter(tmp, max_shard_bytes)
+        writer = ShardWriter(tmp, max_shard_bytes)
         writer.add(cast(keep_expected(model.adapter.ends_from_canonical(ends, model.shape), config, cls, partial=True)))
         for i in tqdm(range(model.shape.n_layers), desc="writing", unit="block", disable=not progress):
             block = transform(model.block(i))
