@@ -72,6 +72,10 @@ class Checkpoint:
     def names(self) -> list[str]:
         return list(self._files)
 
+    def close(self) -> None:
+        """Drop the open files (and their memory maps); they reopen on the next read."""
+        self._handles.clear()
+
     def __contains__(self, name: str) -> bool:
         return name in self._files
 

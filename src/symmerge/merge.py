@@ -19,8 +19,10 @@ from .model import Model
 _FREE_FIELDS = ("eps", "tied")
 
 
-def check_compatible(a: Model, b: Model, name_a: str = "A", name_b: str = "B") -> None:
-    """Raise a SymmergeError naming the first mismatch: only models with one symmetry group align or merge."""
+def check_compatible(a, b, name_a: str = "A", name_b: str = "B") -> None:
+    """Raise a SymmergeError naming the first mismatch: only models with one symmetry group align or merge.
+
+    `a`, `b`: `Model`s or `LazyModel`s (whose tensors are compared part by part when read)."""
     sa, sb = dataclasses.asdict(a.shape), dataclasses.asdict(b.shape)
     if (sa["arch"], sa["hf_class"]) != (sb["arch"], sb["hf_class"]):
         raise SymmergeError(f"{name_a} is a {sa['hf_class']} (arch {sa['arch']}) and {name_b} a {sb['hf_class']} "
@@ -31,9 +33,15 @@ def check_compatible(a: Model, b: Model, name_a: str = "A", name_b: str = "B") -
                     "d_mlp": "FFN widths", "n_heads": "head counts"}.get(key, key)
             raise SymmergeError(f"{name_a} and {name_b} differ in {what}: {key}={sa[key]} vs {sb[key]}; "
                                 "only checkpoints of the same architecture and sizes can be aligned or merged")
-    only = sorted(set(a.params) ^ set(b.params))
+    if isinstance(a, Model) and isinstance(b, Model):
+        check_same_tensors(a.params, b.params, name_a, name_b)
+
+
+def check_same_tensors(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> None:
+    """The same canonical tensors on both sides (lazy models are checked part by part as they are read)."""
+    only = sorted(set(a) ^ set(b))
     if only:
-        where = name_a if only[0] in a.params else name_b
+        where = name_a if only[0] in a else name_b
         raise SymmergeError(f"tensor {only[0]} exists only in {where}; the checkpoints have different parameter sets")
 
 

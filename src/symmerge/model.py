@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,27 +70,58 @@ def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names:
             )
 
 
-class LazyModel:
-    """A checkpoint whose canonical tensors are read one part at a time."""
+def part_keys(shape: ModelShape) -> list:
+    """The parts a model is read in: "embed", the block indices, "final" (head, final norm, eps)."""
+    return ["embed", *range(shape.n_layers), "final"]
 
-    def __init__(self, path):
+
+def part_of(name: str):
+    """The part key a canonical tensor belongs to."""
+    if name.startswith("blocks."):
+        return int(name.split(".")[1])
+    return "embed" if name.startswith("embed.") else "final"
+
+
+class InMemoryParts:
+    """Canonical parameters already in memory, served part by part like a `LazyModel`."""
+
+    def __init__(self, params: Params, dtype: torch.dtype = torch.float64):
+        self.parts: dict = {}
+        for name, t in params.items():
+            self.parts.setdefault(part_of(name), {})[name] = t
+        self.dtype = dtype
+
+    def part(self, key) -> Params:
+        return {k: v.to(self.dtype) for k, v in self.parts.get(key, {}).items()}
+
+
+class LazyModel:
+    """A checkpoint whose canonical tensors are read one part at a time, in `dtype` (the algebra's precision).
+
+    Files are closed after each part, so memory mapped for reading does not accumulate over a pass."""
+
+    def __init__(self, path, dtype: torch.dtype = torch.float64):
         self.ckpt = Checkpoint(path)
         self.path = self.ckpt.path
         self.config = self.ckpt.config
         self.adapter = adapter_for(self.config)
         self.shape = self.adapter.shape(self.config)
         self.spec = build_spec(self.shape)
-        self.dtype = self.ckpt.dtype()
+        self.dtype = self.ckpt.dtype()  # the storage dtype (what outputs are written in)
+        self.compute_dtype = dtype
         self._names = {self.adapter.rename(k): k for k in self.ckpt.names()}
         _check_tensors(self.ckpt, self.adapter, self.shape, self._names)
+        self.meta = json.loads((self.path / "symmerge.json").read_text()) if (self.path / "symmerge.json").is_file() else {}
+
 
     def get(self, name: str, *default) -> torch.Tensor:
         if name not in self._names:
             if default:
                 return default[0]
             raise SymmergeError(f"{self.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        t = self.ckpt.get(self._names[name]).to(torch.float64)
-        if not torch.isfinite(t).all():
+        t = self.ckpt.get(self._names[name]).to(self.compute_dtype)
+        # a sum is finite when every entry is (the exact check runs only if it is not: a sum can overflow)
+        if not math.isfinite(float(t.sum())) and not torch.isfinite(t).all():
             raise SymmergeError(f"{self.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
         return t
 
@@ -102,15 +134,23 @@ class LazyModel:
     def block(self, i: int) -> Params:
         return self.adapter.block_to_canonical(self.get, self.shape, i)
 
+    def part(self, key) -> Params:
+        """One part (see `part_keys`), then the files are closed."""
+        try:
+            if key == "embed":
+                return self.adapter.embed_to_canonical(self.get, self.shape)
+            if key == "final":
+                return self.adapter.final_to_canonical(self.get, self.shape)
+            return self.block(key)
+        finally:
+            self.ckpt.close()
+
     def as_model(self) -> Model:
         """Everything in memory (for small models)."""
         params = self.ends()
         for i in range(self.shape.n_layers):
             params.update(self.block(i))
-        meta = {}
-        if (self.path / "symmerge.json").is_file():
-            meta = json.loads((self.path / "symmerge.json").read_text())
-        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, meta)
+        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, dict(self.meta))
 
 
 def load_model(path) -> Model:

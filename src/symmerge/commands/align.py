@@ -29,6 +29,8 @@ def register(sub) -> None:
     p.add_argument("--groups", default=None,
                    help=f"comma-separated families, or 'all'; default: all but residual_scale. Families: {','.join(FAMILIES)}")
     p.add_argument("--max-iters", type=int, default=20, help="most sweeps over the groups (default 20)")
+    p.add_argument("--precision", choices=("float64", "float32"), default="float64",
+                   help="weight matching: precision of the algebra; float32 halves memory and time for large models")
     p.add_argument("--data", default=None, help="activation matching: data set (see symmerge.data)")
     p.add_argument("--split", default="train", help="activation matching: data split (default train)")
     p.add_argument("--batch-size", type=int, default=8, help="activation matching: sequences per batch")
@@ -79,6 +81,29 @@ def align(args, families=None, progress: bool = True):
     return a, b, weight_match(b.spec, a.params, b.params, families, args.max_iters, progress=progress)
 
 
+def run_weight(args, families):
+    """Weight matching streamed from the checkpoints, one block at a time, and OUT written block by block."""
+    import torch
+
+    from ..apply import apply
+    from ..match.weight import weight_match
+    from ..merge import check_compatible
+    from ..model import LazyModel
+    from ..stream import write_streaming
+
+    if args.max_iters < 1:
+        raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
+    dtype = getattr(torch, args.precision)
+    a, b = LazyModel(args.a, dtype), LazyModel(args.b, dtype)
+    check_compatible(a, b, str(args.a), str(args.b))
+    b.spec.select(families)  # unknown or absent families fail here, before any work
+    result = weight_match(b.spec, a, b, families, args.max_iters, progress=True, dtype=dtype)
+    rep = report(args, b, result, families)
+    meta = {**b.meta, "align": {k: rep[k] for k in ("method", "a", "b", "groups_selected", "objective")}}
+    write_streaming(b, lambda part: apply(b.spec, result.g, part), args.out, force=args.force, extra=meta)
+    return b, result, rep
+
+
 def report(args, b, result, families) -> dict:
     from ..match.summary import summarize
 
@@ -107,11 +132,13 @@ def run(args) -> int:
     families = default_families(args)
     if args.method in ("learned", "dual"):
         return run_learned(args, families)
-    _, b, result = align(args, families)
-    params = apply(b.spec, result.g, b.params)
-    rep = report(args, b, result, families)
-    save_model(b, params, args.out, force=args.force,
-               extra={"align": {k: rep[k] for k in ("method", "a", "b", "groups_selected", "objective")}})
+    if args.method == "weight":
+        b, result, rep = run_weight(args, families)
+    else:
+        _, b, result = align(args, families)
+        rep = report(args, b, result, families)
+        save_model(b, apply(b.spec, result.g, b.params), args.out, force=args.force,
+                   extra={"align": {k: rep[k] for k in ("method", "a", "b", "groups_selected", "objective")}})
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=2))
     print(f"wrote {args.out}: {args.b} aligned to {args.a} by {args.method} matching; similarity "

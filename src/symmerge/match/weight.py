@@ -5,10 +5,13 @@ tensor but the normalisation eps): for the norm-preserving groups (permutations,
 rotation) minimising the distance is maximising `sum <A_t, (g·B)_t>`; for scales and invertible maps
 the inner product is unbounded, and the least-squares form is the well-posed one (see `solvers`).
 
-One sweep visits, in order: the residual rotation, the residual scale, then per layer the attention
-block (head permutation with the query-head permutations inside KV groups, then the QK and OV maps),
-the FFN permutation and the GLU scales. Each step rebuilds its cost from `spec.actions` with every
-other group of the current element applied, and solves it by kind:
+One sweep visits every block in turn (per layer: the attention groups together -- head permutation
+with the query-head permutations inside KV groups, then the QK and OV maps -- then the FFN
+permutation and the GLU scales), then the residual rotation and scale given all of them. Blocks are
+read one at a time (`weight_match` takes checkpoints as well as dicts), so the residual step works
+from sufficient statistics accumulated on the way (`residual.ResidualFit`). Each block step rebuilds
+its cost from `spec.actions` with every other group of the current element applied, and solves it
+by kind:
 
 - head permutation: assignment on the similarity of the heads' QK and OV circuits (`costs.circuit_
   similarity`), which the head-internal maps leave unchanged, so heads are matched before their maps;
@@ -16,8 +19,8 @@ other group of the current element applied, and solves it by kind:
   its exact minimiser (`solvers.balanced_lstsq`), under the RoPE / clip_qkv constraints;
 - other permutations: assignment on `sum_t A_t (B_t)^T` along the permuted axis;
 - residual rotation: Procrustes over every reader and writer (fixing the all-ones vector for
-  LayerNorm models); residual scale and GLU scales: exact minimisers in closed form (roots of a
-  quartic, `solvers.best_scale`: the scale acts by d on writers and by 1/d on readers).
+  LayerNorm models), alternated with the residual scale's least squares; GLU scales: exact minimisers
+  in closed form (roots of a quartic, `solvers.best_scale`: d on the up projection, 1/d on the down).
 
 Why the circuits for the heads: starting from the identity, the per-head maps of a planted element
 are unknown, and comparing raw W_Q's across heads would be meaningless; the circuits need only the
@@ -25,15 +28,17 @@ residual map, which the sweep finds first. The heads step is not an exact minimi
 (no closed form exists for the map with its inverse transpose); the acceptance rule below keeps
 the objective monotone all the same.
 
-Monotonicity: a step's candidate is kept only if the exactly rounded sum (`math.fsum`) of the squared
-distances of the tensors it touches decreases; the untouched terms are bitwise unchanged, so the
-total never increases. In the first sweep a group's cost uses only tensors whose other groups have
+Monotonicity: a block step's candidate is kept only if the exactly rounded sum (`math.fsum`) of the
+squared distances of the tensors it touches decreases; the untouched terms are bitwise unchanged, so
+the total never increases; the residual step is kept only if it lowers the total computed from the
+statistics. In the first sweep a group's cost uses only tensors whose other groups have
 been solved already (e.g. the residual rotation is first found from the embeddings and the LM head),
 so that the unsolved groups' identity guesses do not pollute it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -44,7 +49,8 @@ from .. import groups as G
 from ..apply import apply
 from ..spec import Spec
 from . import costs
-from .solvers import best_scale, linear_assignment, procrustes, solve_map
+from .residual import ROTATION, SCALE, ResidualFit, sqdist
+from .solvers import best_scale, linear_assignment, solve_map
 
 HEAD_FAMILIES = ("head_perm", "qk_map", "ov_map")
 
@@ -77,7 +83,7 @@ class _State:
     def __init__(self, spec: Spec, A: dict, B: dict, g: dict):
         self.spec, self.A, self.B, self.g = spec, A, B, g
         self.names = [n for n, t in A.items() if t.dim() > 0]  # norm.eps moves with the scale: not a weight
-        self.norm2 = math.fsum(float((A[n] ** 2).sum()) for n in self.names)
+        self.norm2 = math.fsum(float((A[n] ** 2).sum(dtype=torch.float64)) for n in self.names)
         self.terms = self._terms(self.names, g)
 
     def moved(self, names, g) -> dict:
@@ -87,7 +93,7 @@ class _State:
         """Squared distance per tensor, one tensor at a time (peak memory: one moved tensor)."""
         out = {}
         for n in names:
-            out[n] = float(((self.A[n] - self.moved([n], g)[n]) ** 2).sum())
+            out[n] = sqdist(self.A[n], self.moved([n], g)[n])
         return out
 
     def similarity(self) -> float:
@@ -137,16 +143,6 @@ def _scatter(x_a: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
 
 
 # --- one step per group kind --------------------------------------------------------------------------
-
-
-def _solve_orthogonal(st: _State, name: str, allowed) -> dict:
-    grp = st.spec.groups[name]
-    others = _without(st.g, [name])
-    c = 0.0
-    for t in costs.touching(st.spec, name):  # one tensor at a time: the residual touches everything
-        if t in st.A and (allowed is None or t in allowed):
-            c = c + costs.gram_cross(st.spec, name, st.A, st.moved([t], others), [t])
-    return {**st.g, name: procrustes(c, "fixes_ones" in grp.constraints)}
 
 
 def _solve_scaling(st: _State, name: str, allowed) -> dict:
@@ -234,7 +230,7 @@ def _solve_heads(st: _State, names: list[str], allowed, chosen: set[str]) -> dic
         if grp.kind == "permutation":
             continue
         sa, sb = costs.sides(spec, m, st.A), costs.sides(spec, m, bq)
-        found = solve_map(grp, sa["g"], sb["g"], sa["inv_t"], sb["inv_t"])
+        found = solve_map(grp, *(x.to(G.DTYPE) for x in (sa["g"], sb["g"], sa["inv_t"], sb["inv_t"])))
         cand[m] = _scatter(found, perms[grp.indexed_by] if grp.indexed_by else None)
     return cand
 
@@ -246,7 +242,7 @@ def _kind(spec: Spec, step: list[str]) -> str:
     grp = spec.groups[step[0]]
     if len(step) > 1 or grp.family in HEAD_FAMILIES:
         return "attention"
-    return {"orthogonal": "rotation", "permutation": "permutation"}.get(grp.kind, "scaling")
+    return "permutation" if grp.kind == "permutation" else "scaling"
 
 
 def _step(st: _State, step: list[str], solved: set[str], chosen: set[str], first: bool) -> bool:
@@ -255,8 +251,6 @@ def _step(st: _State, step: list[str], solved: set[str], chosen: set[str], first
     allowed = _allowed(spec, step[0], solved, chosen) if first and len(step) == 1 else None
     if kind == "attention":
         cand = _solve_heads(st, step, allowed, chosen)
-    elif kind == "rotation":
-        cand = _solve_orthogonal(st, step[0], allowed)
     elif kind == "permutation":
         cand = _solve_permutation(st, step[0], allowed)
     else:
@@ -265,30 +259,133 @@ def _step(st: _State, step: list[str], solved: set[str], chosen: set[str], first
     return st.offer(touched, cand, allowed)
 
 
-def weight_match(spec: Spec, A: dict, B: dict, families: list[str] | None = None, max_iters: int = 20,
-                 tol: float = 1e-12, g0: dict | None = None, progress: bool = False) -> MatchResult:
-    """The element g of the selected families making g·B closest to A (B, A canonical float64 params)."""
+def descend(st: _State, chosen: set[str], first: bool, by_kind: dict) -> tuple[int, int]:
+    """One sweep of coordinate descent over the chosen groups acting on `st`'s tensors: (steps, rejected)."""
+    solved, count, rejected = set(), 0, 0
+    for step in _schedule(st.spec, chosen):
+        t0 = time.perf_counter()
+        rejected += not _step(st, step, solved, chosen, first)
+        kind = _kind(st.spec, step)
+        by_kind[kind] = by_kind.get(kind, 0.0) + time.perf_counter() - t0
+        solved.update(step)
+        count += 1
+    return count, rejected
+
+
+def _sources(spec: Spec, A, B, dtype):
+    from ..model import InMemoryParts
+
+    wrap = lambda x: InMemoryParts(x, dtype) if isinstance(x, dict) else x  # noqa: E731
+    return wrap(A), wrap(B)
+
+
+def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters: int = 20,
+                 tol: float = 1e-12, g0: dict | None = None, progress: bool = False,
+                 dtype: torch.dtype = G.DTYPE) -> MatchResult:
+    """The element g of the selected families making g·B closest to A.
+
+    `A`, `B`: canonical parameter dicts, or anything with `part(key)` (a `model.LazyModel`), read one
+    part at a time: peak memory is one block of each model (plus the embeddings), whatever the depth.
+    One sweep visits every block (its attention, FFN and GLU groups given the current residual
+    element, exactly as `descend` does in memory) while accumulating the residual statistics
+    (`residual.ResidualFit`), then solves the residual rotation and scale given every block.
+    In the first sweep the residual element comes from the embeddings and head alone, whose other
+    groups are all known; the per-block groups of that sweep judge only the tensors whose other
+    groups are solved. `dtype`: the precision of the algebra (float32 halves memory and time at scale).
+    """
     from tqdm.auto import tqdm
 
+    from ..merge import check_same_tensors
+    from ..model import part_keys
+
     start = time.perf_counter()
+    src_a, src_b = _sources(spec, A, B, dtype)
     chosen = set(spec.select(families))
     g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
-    st = _State(spec, A, B, g)
-    history, rejected, count, restarted, by_kind = [st.similarity()], 0, 0, False, {}
-    steps = _schedule(spec, chosen)
+    g_start = dict(g)
+    residual = [n for n in (ROTATION, SCALE) if n in spec.groups]
+    fit_rot, fit_scale = ROTATION in chosen, SCALE in chosen
+    keys = part_keys(spec.shape)
+    by_kind: dict[str, float] = {}
+    timer = _Timer(by_kind)
+
+    def local(part_g: dict) -> dict:
+        return {n: x for n, x in part_g.items() if n not in residual}
+
+    def res_elem() -> tuple[torch.Tensor, torch.Tensor]:
+        return g[ROTATION], g.get(SCALE, torch.tensor(1.0, dtype=G.DTYPE))
+
+    # sweep 0: the starting objective, and the residual element from the ends alone
+    total, ends = ResidualFit(spec), ResidualFit(spec)
+    for key in tqdm(keys, desc="weight matching: start", disable=not progress, leave=False):
+        with timer("reading"):
+            pa, pb = src_a.part(key), src_b.part(key)
+        check_same_tensors(pa, pb)
+        with timer("residual statistics"):
+            x = apply(spec, local(g), pb)
+            total.add(pa, x)
+            if not isinstance(key, int):
+                ends.add(pa, x)
+    norm2 = total.norm2()
+    history = [1.0 - total.distance(*res_elem()) / norm2]
+    steps = rejected = 0
+    first = g0 is None
+    if first and (fit_rot or fit_scale):
+        with timer("rotation"):
+            r, a = ends.solve(*res_elem(), fit_rot, fit_scale)
+        g[ROTATION] = r
+        if SCALE in g:
+            g[SCALE] = a
+    restarted = False
     for it in tqdm(range(max_iters), desc="weight matching", disable=not progress):
-        solved, first = set(), it == 0 and g0 is None
-        for step in steps:
-            t0 = time.perf_counter()
-            rejected += not _step(st, step, solved, chosen, first)
-            kind = _kind(spec, step)
-            by_kind[kind] = by_kind.get(kind, 0.0) + time.perf_counter() - t0
-            solved.update(step)
-            count += 1
-        if first and st.similarity() < history[0]:  # the initial sweep made things worse: start again
-            st, restarted = _State(spec, A, B, g), True
-        history.append(st.similarity())
-        if history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30) and it > 0:
+        fit = ResidualFit(spec)
+        for key in tqdm(keys, desc=f"sweep {it + 1}", disable=not progress, leave=False):
+            with timer("reading"):
+                pa, pb = src_a.part(key), src_b.part(key)
+            if isinstance(key, int):
+                layer = {n for n in chosen if spec.groups[n].layer == key}
+                if layer:
+                    with timer("applying"):
+                        pr = apply(spec, {n: g[n] for n in residual}, pb)
+                    st = _State(spec, pa, pr, {n: g[n] for n in spec.groups if spec.groups[n].layer == key})
+                    n_steps, n_rej = descend(st, layer, first, by_kind)
+                    steps, rejected = steps + n_steps, rejected + n_rej
+                    g.update(st.g)
+                    del pr, st
+            with timer("residual statistics"):
+                fit.add(pa, apply(spec, local(g), pb))
+            del pa, pb
+        old = res_elem()
+        if fit_rot or fit_scale:
+            with timer("rotation"):
+                new = fit.solve(*old, fit_rot, fit_scale)
+            steps += 1
+            if fit.distance(*new) < fit.distance(*old):
+                g[ROTATION] = new[0]
+                if SCALE in g:
+                    g[SCALE] = new[1]
+            else:
+                rejected += 1
+        history.append(1.0 - fit.distance(*res_elem()) / norm2)
+        if first and history[-1] < history[0]:  # the initial sweep made things worse: start again
+            g, restarted, history[-1] = dict(g_start), True, history[0]
+        first = False
+        if it > 0 and history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30):
             break
     extra = {"restarted": restarted, "seconds_by_step_kind": by_kind}
-    return MatchResult(st.g, history, time.perf_counter() - start, rejected, count, extra)
+    return MatchResult(g, history, time.perf_counter() - start, rejected, steps, extra)
+
+
+class _Timer:
+    """`with timer(kind):` adds the block's wall time to `seconds[kind]`."""
+
+    def __init__(self, seconds: dict):
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def __call__(self, kind: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - t0

@@ -1,0 +1,84 @@
+"""The residual rotation and scale given every other group: sufficient statistics, accumulated part by part.
+
+For a tensor T the residual rotation R acts on (R T along the residual axis for writers, R^{-T} T = R T
+for readers, since R is orthogonal) and the scale `a` multiplies (writers only), the squared distance is
+
+    ||A_T - a R X_T||^2 = ||A_T||^2 + a^2 ||X_T||^2 - 2 a <R, A_T X_T^T>
+
+with X_T = B's tensor under every *other* group (flattened to `[d, m]` along the residual axis). So
+the whole objective in (R, a) is a function of two d x d cross-covariances (scaled and unscaled
+tensors), two norms and a constant, summed over the model: `ResidualFit.add` takes one part at a
+time (the embeddings, one block, the head), which is what lets weight matching stream a checkpoint
+that does not fit in memory. `solve` alternates the two exact minimisers (Procrustes for R given a,
+least squares for a given R), each of which can only lower the objective.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import groups as G
+from ..spec import Spec
+from .costs import along
+from .solvers import procrustes
+
+ROTATION, SCALE = "residual.rotation", "residual.scale"
+
+
+def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
+    """`||x - y||^2`, summed in float64 whatever the tensors' dtype."""
+    return float(((x - y) ** 2).sum(dtype=torch.float64))
+
+
+class ResidualFit:
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        d = spec.shape.d_model
+        self.c = {True: torch.zeros(d, d, dtype=G.DTYPE), False: torch.zeros(d, d, dtype=G.DTYPE)}  # by "scaled"
+        self.bb = {True: [], False: []}  # ||X_T||^2 terms
+        self.aa: list[float] = []  # ||A_T||^2 over every weight
+        self.aa_moved: list[float] = []  # ||A_T||^2 over the tensors the residual groups act on
+        self.const: list[float] = []  # squared distances of tensors the residual groups leave alone
+
+    def add(self, A: dict, X: dict) -> None:
+        """One part: A's tensors and B's under every group but the residual ones."""
+        for name, a in A.items():
+            if a.dim() == 0:  # norm.eps: a config value, not a weight
+                continue
+            x = X[name]
+            self.aa.append(float((a * a).sum(dtype=torch.float64)))
+            rot = next((act for act in self.spec.actions[name] if act.group == ROTATION), None)
+            if rot is None:
+                self.const.append(sqdist(a, x))
+                continue
+            self.aa_moved.append(self.aa[-1])
+            scaled = any(act.group == SCALE for act in self.spec.actions[name])
+            xa, xb = along(a, rot), along(x, rot)
+            self.c[scaled] += (xa @ xb.T).to(G.DTYPE)
+            self.bb[scaled].append(float((xb * xb).sum(dtype=torch.float64)))
+
+    def norm2(self) -> float:
+        return math.fsum(self.aa)
+
+    def distance(self, r: torch.Tensor, a: torch.Tensor) -> float:
+        """The squared distance of every tensor added, under rotation `r` and scale `a`."""
+        a = float(a)
+        inner = a * float((r * self.c[True]).sum()) + float((r * self.c[False]).sum())
+        return math.fsum([*self.aa_moved, *(a * a * v for v in self.bb[True]), *self.bb[False], *self.const, -2 * inner])
+
+    def solve(self, r: torch.Tensor, a: torch.Tensor, rotation: bool, scale: bool, iters: int = 50):
+        """(r, a) lowering `distance`, starting from the given ones; only the chosen groups move."""
+        fixes_ones = "fixes_ones" in self.spec.groups[ROTATION].constraints
+        bb = math.fsum(self.bb[True])
+        for _ in range(iters if rotation and scale else 1):
+            r_old, a_old = r, a
+            if rotation:
+                r = procrustes(float(a) * self.c[True] + self.c[False], fixes_ones)
+            if scale and bb > 0:
+                q = float((r * self.c[True]).sum())
+                a = torch.tensor(q / bb, dtype=G.DTYPE) if q > 0 else a  # the scale must stay positive
+            if torch.allclose(r, r_old, rtol=0, atol=1e-14) and abs(float(a - a_old)) <= 1e-14 * abs(float(a)):
+                break
+        return r, a
