@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--sweeps", type=int, default=1)
     ap.add_argument("--precision", choices=("float32", "float64"), default="float32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-only", action="store_true", help="only write the two checkpoints")
+    ap.add_argument("--groups", default=None, help="comma-separated families (default: align's, all but residual_scale)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
@@ -102,6 +104,8 @@ def main() -> None:
     for side, seed in (("a", 0), ("b", 1)):
         write_random_checkpoint(root / side, args.shape, seed)
     print(f"checkpoints in {root} ({time.perf_counter() - t0:.0f}s to write or find); RSS so far {rss_gib():.2f} GiB")
+    if args.write_only:
+        return
     a, b = LazyModel(root / "a", dtype), LazyModel(root / "b", dtype)
     keys = part_keys(a.shape)
 
@@ -116,8 +120,9 @@ def main() -> None:
     weight_mod.solve_map = Timed(weight_mod.solve_map, seconds, "procrustes_maps")
     residual_mod.procrustes = Timed(residual_mod.procrustes, seconds, "procrustes_maps")
     log: list = []
-    res = weight_mod.weight_match(a.spec, Source(a, log), Source(b, []), max_iters=args.sweeps, tol=0.0, dtype=dtype,
-                                  progress=True)
+    fams = args.groups.split(",") if args.groups else [f for f in a.spec.families() if f != "residual_scale"]
+    res = weight_mod.weight_match(a.spec, Source(a, log), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
+                                  dtype=dtype, progress=True)
     end, rss_end = time.perf_counter(), rss_gib()
     n_parts = len(keys)
     sweep_start = log[n_parts][1]  # the first part read by sweep 1
@@ -134,7 +139,7 @@ def main() -> None:
     n = sum(t.numel() for k in ("embed", "final") for t in a.part(k).values()) + a.shape.n_layers * sum(
         t.numel() for t in a.part(0).values())
     print(f"{args.shape}: {a.shape.n_layers} layers, d={a.shape.d_model}, d_mlp={a.shape.d_mlp}, {n / 1e6:.0f}M "
-          f"canonical parameters, {args.precision} algebra, {args.threads} threads")
+          f"canonical parameters, {args.precision} algebra, {args.threads} threads, groups {','.join(fams)}")
     print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep")
     print(f"whole run {total:.1f}s = reading {reading:.1f} + assignment {assign:.1f} + procrustes/maps {maps:.1f} "
           f"+ cost matrices and the rest {cost:.1f}")

@@ -74,6 +74,15 @@ def synthetic_params(s: ModelShape, seed: int) -> dict[str, torch.Tensor]:
     return p
 
 
+def monotone(history: list[float]) -> bool:
+    """Never decreasing, up to the rounding of the objective (evaluated from statistics: ~1e-16 of ||A||^2)."""
+    return all(y >= x - 1e-13 for x, y in zip(history, history[1:]))
+
+
+def test_monotone_detects_a_decrease():
+    assert monotone([0.1, 0.5, 0.5 - 1e-15, 0.9]) and not monotone([0.1, 0.5, 0.4999, 0.9])
+
+
 def _rel(x: dict, y: dict) -> float:
     num = sum(float(((x[k] - y[k]) ** 2).sum()) for k in y)
     return (num / sum(float((y[k] ** 2).sum()) for k in y)) ** 0.5
@@ -95,7 +104,7 @@ def test_planted_recovery_real_architectures(arch, fams, tmp_path):
     B, res = _planted(model.spec, model.params, FAMILY_SETS[fams], seed=5)
     assert _rel(B, model.params) > 0.1, "the planted element must move the weights"
     assert _rel(apply(model.spec, res.g, B), model.params) <= 1e-5
-    assert all(y >= x for x, y in zip(res.history, res.history[1:]))
+    assert monotone(res.history)
 
 
 @pytest.mark.parametrize("fams", FAMILY_SETS)
@@ -107,7 +116,7 @@ def test_planted_recovery_synthetic_shapes(name, fams):
     B, res = _planted(spec, params, families, seed=11)
     assert _rel(B, params) > 0.1
     assert _rel(apply(spec, res.g, B), params) <= 1e-5
-    assert all(y >= x for x, y in zip(res.history, res.history[1:]))
+    assert monotone(res.history)
 
 
 def test_negative_controls_do_not_recover():
@@ -147,7 +156,7 @@ def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     assert float((logits(hf_c, x) - logits(hf_b, x)).abs().max()) <= 1e-4
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["objective"][-1] > 1 - 1e-10 and rep["objective"][0] < 0.5
-    assert all(y >= x for x, y in zip(rep["objective"], rep["objective"][1:]))
+    assert monotone(rep["objective"])
     # the report counts what the planted element moved (transform draws it from the seed)
     truth = summarize(A.spec, inverse(A.spec, random_element(A.spec, torch.Generator().manual_seed(4))), list(A.spec.groups))
     assert rep["families"]["ffn_perm"] == truth["families"]["ffn_perm"]
@@ -164,7 +173,7 @@ def test_align_independent_models_keeps_b_function(tmp_path, arch):
     rep = json.loads((tmp_path / "r.json").read_text())
     hist = rep["objective"]
     assert len(hist) >= 3 and hist[-1] > hist[0]
-    assert all(y >= x for x, y in zip(hist, hist[1:]))
+    assert monotone(hist)
     C = load_model(tmp_path / "c")
     config, sd = export_state_dict(C)
     out = build_hf_model(config, sd, C.shape.hf_class)

@@ -16,6 +16,7 @@ Composition `compose(g2, g1)` means "first g1, then g2" (the matrix `G2 G1`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -153,6 +154,11 @@ def _haar_orthogonal(n: int, gen: torch.Generator, batch: tuple[int, ...] = ()) 
 
 def ones_complement_basis(n: int) -> torch.Tensor:
     """`[n, n-1]` orthonormal basis of the complement of the all-ones vector (Helmert-like, exact)."""
+    return _ones_complement_basis(n).clone()
+
+
+@functools.lru_cache(maxsize=4)
+def _ones_complement_basis(n: int) -> torch.Tensor:  # a QR of n x n: worth keeping at d = 2048
     q, _ = torch.linalg.qr(torch.cat([torch.ones(n, 1, dtype=DTYPE), torch.eye(n, dtype=DTYPE)[:, : n - 1]], 1))
     return q[:, 1:]
 

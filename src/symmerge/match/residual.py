@@ -27,9 +27,13 @@ from .solvers import procrustes
 ROTATION, SCALE = "residual.rotation", "residual.scale"
 
 
+def sqnorm(x: torch.Tensor) -> float:
+    """`||x||^2` (in the tensor's precision: float32 algebra gives float32-accurate objectives)."""
+    return float(torch.linalg.vector_norm(x)) ** 2
+
+
 def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
-    """`||x - y||^2`, summed in float64 whatever the tensors' dtype."""
-    return float(((x - y) ** 2).sum(dtype=torch.float64))
+    return sqnorm(x - y)
 
 
 class ResidualFit:
@@ -48,7 +52,7 @@ class ResidualFit:
             if a.dim() == 0:  # norm.eps: a config value, not a weight
                 continue
             x = X[name]
-            self.aa.append(float((a * a).sum(dtype=torch.float64)))
+            self.aa.append(sqnorm(a))
             rot = next((act for act in self.spec.actions[name] if act.group == ROTATION), None)
             if rot is None:
                 self.const.append(sqdist(a, x))
@@ -57,7 +61,7 @@ class ResidualFit:
             scaled = any(act.group == SCALE for act in self.spec.actions[name])
             xa, xb = along(a, rot), along(x, rot)
             self.c[scaled] += (xa @ xb.T).to(G.DTYPE)
-            self.bb[scaled].append(float((xb * xb).sum(dtype=torch.float64)))
+            self.bb[scaled].append(sqnorm(xb))
 
     def norm2(self) -> float:
         return math.fsum(self.aa)
@@ -68,17 +72,21 @@ class ResidualFit:
         inner = a * float((r * self.c[True]).sum()) + float((r * self.c[False]).sum())
         return math.fsum([*self.aa_moved, *(a * a * v for v in self.bb[True]), *self.bb[False], *self.const, -2 * inner])
 
-    def solve(self, r: torch.Tensor, a: torch.Tensor, rotation: bool, scale: bool, iters: int = 50):
-        """(r, a) lowering `distance`, starting from the given ones; only the chosen groups move."""
+    def solve(self, r: torch.Tensor, a: torch.Tensor, rotation: bool, scale: bool, iters: int = 50, rtol: float = 1e-12):
+        """(r, a) lowering `distance`, starting from the given ones; only the chosen groups move.
+
+        With both, the two exact steps alternate until the objective gains less than `rtol * ||A||^2`."""
         fixes_ones = "fixes_ones" in self.spec.groups[ROTATION].constraints
         bb = math.fsum(self.bb[True])
+        best = self.distance(r, a)
         for _ in range(iters if rotation and scale else 1):
-            r_old, a_old = r, a
             if rotation:
                 r = procrustes(float(a) * self.c[True] + self.c[False], fixes_ones)
             if scale and bb > 0:
                 q = float((r * self.c[True]).sum())
                 a = torch.tensor(q / bb, dtype=G.DTYPE) if q > 0 else a  # the scale must stay positive
-            if torch.allclose(r, r_old, rtol=0, atol=1e-14) and abs(float(a - a_old)) <= 1e-14 * abs(float(a)):
+            now = self.distance(r, a)
+            if best - now <= rtol * self.norm2():
                 break
+            best = now
         return r, a
