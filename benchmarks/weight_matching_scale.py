@@ -146,6 +146,8 @@ def main() -> None:
     print(f"floor: plain read of both {read_s:.1f}s + assignments per sweep {assign / (sweeps + 0):.1f}s; "
           f"sweep / floor = {per_sweep / (read_s + assign / sweeps):.2f}")
     print(f"peak RSS: at the middle block of sweep 1 {mid[2]:.2f} GiB, at the end {rss_end:.2f} GiB")
+    series = ", ".join(f"{k}: {r:.2f}" for k, _, r in log[n_parts:2 * n_parts])
+    print(f"peak RSS (GiB) when sweep 1 starts reading each part: {series}")
     print(f"similarity {res.history[0]:.6f} -> {res.history[-1]:.6f}")
 
 
