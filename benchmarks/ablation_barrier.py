@@ -4,7 +4,8 @@ and activation matching, for one independently trained pair.
     PYTHONPATH=src python benchmarks/ablation_barrier.py A B DATA [--batch-size 8] [--max-batches 8]
 
 Weight matching runs over every family but the residual scale (the CLI default; see
-commands/align.py) unless a row says otherwise. The barrier is the 11-point test-loss barrier of
+commands/align.py) unless a row says otherwise; a model with SwiGLU (a `glu_scale` family) gets a
+"GLU scaling off" row too. The barrier is the 11-point test-loss barrier of
 `symmerge.barrier.barrier` on the same test batches for every row.
 """
 
@@ -24,7 +25,8 @@ from symmerge.match.weight import weight_match
 from symmerge.model import load_model
 
 OFF = {"FFN permutation off": ["ffn_perm"], "head permutation off": ["head_perm"],
-       "head-internal maps off": ["qk_map", "ov_map"], "residual rotation off": ["residual_rotation"]}
+       "head-internal maps off": ["qk_map", "ov_map"], "residual rotation off": ["residual_rotation"],
+       "GLU scaling off": ["glu_scale"]}
 
 
 def main() -> None:
@@ -44,14 +46,15 @@ def main() -> None:
 
     def row(name, pb, seconds=0.0):
         r = barrier(a, dataclasses.replace(b, params=pb), test, points=11, progress=False)
-        print(f"| {name} | {r['barrier']:.4f} | {r['loss'][0]:.3f} | {r['loss'][5]:.3f} | {r['loss'][-1]:.3f} | "
-              f"{seconds:.1f} |", flush=True)
+        print(f"| {name} | {r['barrier']:.4f} | {r['accuracy_barrier']:.4f} | {r['loss'][0]:.3f} | {r['loss'][5]:.3f} | "
+              f"{r['loss'][-1]:.3f} | {seconds:.1f} |", flush=True)
 
     print(f"A={args.a} B={args.b} data={args.data}: {len(test)} test batches of {args.batch_size}")
-    print("| alignment | barrier | L(0) | L(0.5) | L(1) | matching s |\n|---|---|---|---|---|---|")
+    print("| alignment | barrier | acc. barrier | L(0) | L(0.5) | L(1) | matching s |\n|---|---|---|---|---|---|---|")
     row("plain averaging", b.params)
     runs = [("weight matching (all but scale)", default), ("weight matching, all incl. residual scale", None)]
-    runs += [(f"weight matching, {k}", [f for f in default if f not in v]) for k, v in OFF.items()]
+    runs += [(f"weight matching, {k}", [f for f in default if f not in v]) for k, v in OFF.items()
+             if any(f in default for f in v)]
     for name, fams in runs:
         t0 = time.perf_counter()
         r = weight_match(b.spec, a.params, b.params, fams, max_iters=20)

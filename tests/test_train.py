@@ -14,7 +14,7 @@ from symmerge import SymmergeError
 from symmerge.cli import main
 from symmerge.data import load_batches
 from symmerge.evaluate import evaluate
-from symmerge.presets import PRESETS, get_preset, lm_config, vit_config
+from symmerge.presets import HF_CLASSES, PRESETS, get_preset, lm_config, vit_config
 from symmerge.train import TrainArgs, batch_indices, lr_at, train
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -142,3 +142,24 @@ def test_small_presets_have_the_papers_shapes():
     with pytest.raises(SymmergeError, match="image sizes"):
         vit_config(get_preset("vit", "small"), 32, 10)
     assert set(PRESETS) == {"gpt2", "neox", "llama", "olmo", "vit"} and all("tiny" in v for v in PRESETS.values())
+
+
+def test_demo_presets_build_stock_models_of_their_shape():
+    """`demo` (width 128, 3 layers, 4 heads, context 64) builds and runs for every LM architecture;
+    Llama keeps GQA (2 KV heads < 4) and SwiGLU width ~ 8/3 d rounded to a multiple of 8."""
+    for arch in ("gpt2", "neox", "llama", "olmo"):
+        p = get_preset(arch, "demo")
+        c = lm_config(arch, p, 65, 0, 0)
+        torch.manual_seed(0)
+        model = getattr(T, HF_CLASSES[arch])(c).eval()
+        d = c.to_dict()
+        shape = [d.get(k, d.get(k2)) for k, k2 in (("n_embd", "hidden_size"), ("n_layer", "num_hidden_layers"),
+                                                   ("n_head", "num_attention_heads"), ("n_positions", "max_position_embeddings"))]
+        assert shape == [128, 3, 4, 64], arch
+        with torch.no_grad():
+            logits = model(torch.randint(0, 65, (2, p.context), generator=torch.Generator().manual_seed(0))).logits
+        assert logits.shape == (2, p.context, 65) and torch.isfinite(logits).all(), arch
+    llama = lm_config("llama", get_preset("llama", "demo"), 65, 0, 0)
+    assert llama.num_key_value_heads == 2 < llama.num_attention_heads
+    assert llama.intermediate_size % 8 == 0 and abs(llama.intermediate_size - 8 * 128 / 3) < 8
+    assert lm_config("neox", get_preset("neox", "demo"), 65, 0, 0).rotary_pct == 0.25

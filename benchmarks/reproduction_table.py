@@ -1,0 +1,157 @@
+"""The issue-5 reproduction table for one independently trained pair: plain averaging, weight matching,
+learned matching (permutations only, and every family), dual matching with each parameterisation,
+and ablations of dual matching (QK maps off, OV maps off, with the residual scale, GLU scaling off).
+
+    PYTHONPATH=src python benchmarks/reproduction_table.py A B DATA [--rows plain,weight,...] \
+        [--steps 300] [--lr 1e-2] [--batch-size 16] [--test-batches 8] [--json OUT.jsonl]
+
+Every row works as `symmerge align A B --method M --groups G --param P` does: weight matching over the
+row's families first (`weight_match`, 20 sweeps at most), then for learned/dual rows the learning loop
+(`symmerge.match.learned.learn`) on train-split batches, tracking the barrier on validation-split
+batches (best state kept). Figures: the 11-point loss barrier on the *same* test-split batches for
+every row, computed per batch through the stock HF forward (`barrier.PathEvaluator`), so that the
+standard error is the paired one: the spread over test batches of the per-batch gap
+L_b(lam*) - ((1 - lam*) L_b(0) + lam* L_b(1)) at the peak lam* of the mean curve, over sqrt(n).
+The barrier equals `symmerge.barrier.barrier`'s on the same batches (same grid, token-weighted means).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+from symmerge.apply import apply
+from symmerge.barrier import PathEvaluator, summarise
+from symmerge.data import load_batches
+from symmerge.match.learned import LearnConfig, learn
+from symmerge.match.weight import weight_match
+from symmerge.merge import interpolate
+from symmerge.model import load_model
+
+#: key -> (label, method, families to drop from the default, families to add, --param)
+ROWS = {
+    "plain": ("plain averaging", None, (), (), None),
+    "weight": ("weight matching", "weight", (), (), None),
+    "learned-perms": ("learned matching, permutations only", "learned", "perms", (), "auto"),
+    "learned": ("learned matching", "learned", (), (), "auto"),
+    "dual": ("dual matching, cayley rotation + polar maps (auto)", "dual", (), (), "auto"),
+    "dual-cayley-signs": ("dual matching, cayley-signs rotation + polar maps", "dual", (), (),
+                          "residual_rotation=cayley-signs"),
+    "dual-expm": ("dual matching, expm everywhere", "dual", (), (), "expm"),
+    "dual-direct": ("dual matching, cayley rotation + direct maps", "dual", (), (), "qk_map=direct,ov_map=direct"),
+    "dual-no-qk": ("dual matching, QK maps off", "dual", ("qk_map",), (), "auto"),
+    "dual-no-ov": ("dual matching, OV maps off", "dual", ("ov_map",), (), "auto"),
+    "dual-scale": ("dual matching, with the residual scale", "dual", (), ("residual_scale",), "auto"),
+    "dual-no-glu": ("dual matching, GLU scaling off", "dual", ("glu_scale",), (), "auto"),
+}
+
+
+def families_for(spec, drop, add) -> list[str]:
+    """The row's families: every family but the residual scale (the CLI default), less `drop`, plus `add`."""
+    if drop == "perms":
+        return [f for f in ("head_perm", "ffn_perm") if f in spec.families()]
+    default = [f for f in spec.families() if f != "residual_scale"]
+    return [f for f in spec.families() if (f in default and f not in drop) or f in add]
+
+
+def path_barrier(evaluator: PathEvaluator, pa: dict, pb: dict, batches: list[dict], points: int = 11) -> dict:
+    """Token-weighted curve over `batches` and the barrier, with the paired standard error at its peak."""
+    lams = [i / (points - 1) for i in range(points)]
+    per = []  # per lambda: list of (loss, accuracy, n_scored) per batch
+    for lam in lams:
+        params = interpolate(pa, pb, lam)
+        per.append([evaluator.evaluate(params, [b]) for b in batches])
+    n = [r["n_scored"] for r in per[0]]
+    total = sum(n)
+    loss = [sum(r["loss"] * k for r, k in zip(rows, n)) / total for rows in per]
+    acc = [sum(r["accuracy"] * k for r, k in zip(rows, n)) / total for rows in per]
+    out = summarise(lams, loss, acc)
+    i = lams.index(out["barrier_lambda"])
+    lam = lams[i]
+    gaps = [per[i][j]["loss"] - ((1 - lam) * per[0][j]["loss"] + lam * per[-1][j]["loss"]) for j in range(len(n))]
+    m = sum(gaps) / len(gaps)
+    se = math.sqrt(sum((g - m) ** 2 for g in gaps) / (len(gaps) - 1) / len(gaps)) if len(gaps) > 1 else float("nan")
+    out.update(loss=loss, accuracy=acc, barrier_se=se, lambdas=lams)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("data")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {','.join(ROWS)}")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--batch-size", type=int, default=16, help="train, validation and test batch size")
+    ap.add_argument("--seq-len", type=int, default=None, help="window length of the train/validation batches")
+    ap.add_argument("--train-batches", type=int, default=200)
+    ap.add_argument("--val-batches", type=int, default=4)
+    ap.add_argument("--test-batches", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="append one JSON line per row here")
+    ap.add_argument("--no-test", action="store_true", help="validation figures only (for choosing steps and lr)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    a, b = load_model(args.a), load_model(args.b)
+    bs = args.batch_size
+    test = load_batches(args.a, args.data, "test", batch_size=bs, max_batches=args.test_batches)
+    evaluator = PathEvaluator(a)
+    wm_cache: dict[tuple, tuple] = {}
+    data: dict[str, list] = {}
+
+    def split(name, k):
+        if name not in data:
+            data[name] = load_batches(args.a, args.data, name, batch_size=bs, seq_len=args.seq_len, max_batches=k)
+        return data[name]
+
+    print(f"A={args.a} B={args.b} data={args.data}: {len(test)} test batches of {bs}; "
+          f"learning {args.steps} steps, lr {args.lr}, batches of {bs}" + (f" x {args.seq_len}" if args.seq_len else ""))
+    print("| alignment | barrier ± s.e. | acc. barrier | L(0) | L(0.5) | L(1) | steps (best) | val. barrier before -> after "
+          "| seconds |\n|---|---|---|---|---|---|---|---|---|", flush=True)
+    for key in args.rows.split(","):
+        label, method, drop, add, param = ROWS[key]
+        if key == "dual-no-glu" and "glu_scale" not in b.spec.families():
+            continue
+        pa, pb, rep, fams, seconds = a.params, b.params, {}, None, 0.0
+        if method is not None:
+            fams = families_for(b.spec, drop, add)
+            if tuple(fams) not in wm_cache:
+                t1 = time.perf_counter()
+                wm_cache[tuple(fams)] = (weight_match(b.spec, a.params, b.params, fams, max_iters=20).g,
+                                         time.perf_counter() - t1)
+            g0, seconds = wm_cache[tuple(fams)]  # a cached start still counts its time
+            pb = apply(b.spec, g0, b.params)
+            if method != "weight":
+                cfg = LearnConfig(method=method, groups=fams, param=param, steps=args.steps, lr=args.lr,
+                                  eval_every=args.eval_every, progress=False)
+                t0 = time.perf_counter()
+                r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
+                pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
+                pb = apply(b.spec, r.elements["B"], b.params)
+                rep = r.report
+                seconds += time.perf_counter() - t0
+        if args.no_test:
+            print(f"{key}: {rep.get('steps')} steps (best {rep.get('best_step')}), validation barrier "
+                  f"{rep.get('barrier_before')} -> {rep.get('barrier_after')}, {seconds:.0f} s", flush=True)
+            continue
+        res = path_barrier(evaluator, pa, pb, test)
+        steps = f"{rep['steps']} ({rep['best_step']})" if rep else "-"
+        val = f"{rep['barrier_before']:.4f} -> {rep['barrier_after']:.4f}" if rep else "-"
+        print(f"| {label} | {res['barrier']:.4f} ± {res['barrier_se']:.4f} | {res['accuracy_barrier']:.4f} | "
+              f"{res['loss'][0]:.3f} | {res['loss'][5]:.3f} | {res['loss'][-1]:.3f} | {steps} | {val} | {seconds:.0f} |",
+              flush=True)
+        if args.json:
+            line = {"row": key, "label": label, "families": fams, "param": param, "seconds": seconds, "test": res,
+                    "learn": {k: v for k, v in rep.items() if k != "history"}, "args": vars(args)}
+            with open(args.json, "a") as f:
+                f.write(json.dumps(line, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
