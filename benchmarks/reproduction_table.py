@@ -38,6 +38,8 @@ ROWS = {
     "weight": ("weight matching", "weight", (), (), None),
     "learned-perms": ("learned matching, permutations only", "learned", "perms", (), "auto"),
     "learned": ("learned matching", "learned", (), (), "auto"),
+    # one-sided, permutations kept at the weight-matching solution: dual matching's single-sided twin
+    "learned-fixed-perms": ("learned matching, permutations fixed at weight matching", "learned", (), (), "auto"),
     "dual": ("dual matching, cayley rotation + polar maps (auto)", "dual", (), (), "auto"),
     "dual-cayley-signs": ("dual matching, cayley-signs rotation + polar maps", "dual", (), (),
                           "residual_rotation=cayley-signs"),
@@ -50,10 +52,13 @@ ROWS = {
 }
 
 
+PERMS = ("head_perm", "ffn_perm")
+
+
 def families_for(spec, drop, add) -> list[str]:
     """The row's families: every family but the residual scale (the CLI default), less `drop`, plus `add`."""
     if drop == "perms":
-        return [f for f in ("head_perm", "ffn_perm") if f in spec.families()]
+        return [f for f in PERMS if f in spec.families()]
     default = [f for f in spec.families() if f != "residual_scale"]
     return [f for f in spec.families() if (f in default and f not in drop) or f in add]
 
@@ -128,7 +133,8 @@ def main() -> None:
             g0, seconds = wm_cache[tuple(fams)]  # a cached start still counts its time
             pb = apply(b.spec, g0, b.params)
             if method != "weight":
-                cfg = LearnConfig(method=method, groups=fams, param=param, steps=args.steps, lr=args.lr,
+                learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
+                cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps, lr=args.lr,
                                   eval_every=args.eval_every, progress=False)
                 t0 = time.perf_counter()
                 r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
