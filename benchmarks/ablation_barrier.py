@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--max-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-activation", action="store_true")
+    ap.add_argument("--activation-only", action="store_true", help="only the plain-averaging and activation rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     a, b = load_model(args.a), load_model(args.b)
@@ -55,7 +56,7 @@ def main() -> None:
     runs = [("weight matching (all but scale)", default), ("weight matching, all incl. residual scale", None)]
     runs += [(f"weight matching, {k}", [f for f in default if f not in v]) for k, v in OFF.items()
              if any(f in default for f in v)]
-    for name, fams in runs:
+    for name, fams in [] if args.activation_only else runs:
         t0 = time.perf_counter()
         r = weight_match(b.spec, a.params, b.params, fams, max_iters=20)
         row(name, apply(b.spec, r.g, b.params), time.perf_counter() - t0)
