@@ -27,7 +27,7 @@ import torch
 from symmerge.apply import apply
 from symmerge.barrier import PathEvaluator, summarise
 from symmerge.data import load_batches
-from symmerge.match.learned import LearnConfig, learn
+from symmerge.match.learned import LearnConfig, learn, parse_lam_range
 from symmerge.match.weight import weight_match
 from symmerge.merge import interpolate
 from symmerge.model import load_model
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--lam-range", default="0.4,0.6", help="λ drawn uniformly from this range per step")
     ap.add_argument("--batch-size", type=int, default=16, help="train, validation and test batch size")
     ap.add_argument("--seq-len", type=int, default=None, help="window length of the train/validation batches")
     ap.add_argument("--train-batches", type=int, default=200)
@@ -135,6 +136,7 @@ def main() -> None:
             if method != "weight":
                 learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
                 cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps, lr=args.lr,
+                                  lam_range=parse_lam_range(args.lam_range),
                                   eval_every=args.eval_every, progress=False)
                 t0 = time.perf_counter()
                 r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
