@@ -11,6 +11,7 @@ import transformers as T
 from safetensors.torch import load_file
 
 from symmerge import SymmergeError
+from symmerge.adapters.base import rotary_dims
 from symmerge.cli import main
 from symmerge.data import load_batches
 from symmerge.evaluate import evaluate
@@ -162,4 +163,5 @@ def test_demo_presets_build_stock_models_of_their_shape():
     llama = lm_config("llama", get_preset("llama", "demo"), 65, 0, 0)
     assert llama.num_key_value_heads == 2 < llama.num_attention_heads
     assert llama.intermediate_size % 8 == 0 and abs(llama.intermediate_size - 8 * 128 / 3) < 8
-    assert lm_config("neox", get_preset("neox", "demo"), 65, 0, 0).rotary_pct == 0.25
+    neox = lm_config("neox", get_preset("neox", "demo"), 65, 0, 0)
+    assert rotary_dims(neox, 128 // 4) == 8  # partial rotary: 25% of each 32-dimensional head
