@@ -156,7 +156,7 @@ def main() -> None:
               flush=True)
         if args.json:
             line = {"row": key, "label": label, "families": fams, "param": param, "seconds": seconds, "test": res,
-                    "learn": {k: v for k, v in rep.items() if k != "history"}, "args": vars(args)}
+                    "learn": rep, "args": vars(args)}
             with open(args.json, "a") as f:
                 f.write(json.dumps(line, default=str) + "\n")
 
