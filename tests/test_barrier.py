@@ -150,3 +150,15 @@ def test_barrier_on_checkpoints_symmerge_did_not_train(tmp_path, capsys):
     with torch.no_grad():
         loss = sum(float(stock(**b).loss) for b in batches) / len(batches)
     assert abs(r["loss"][0] - loss) < 1e-5
+
+
+def test_planted_element_aligned_back_has_no_barrier(trained_gpt2, tmp_path):
+    """transform (every group) then `align --groups all`: the path from A to the aligned copy is flat (< 1e-4),
+    while the path to the transformed copy is not (negative control)."""
+    path, test = trained_gpt2
+    moved, back = tmp_path / "moved", tmp_path / "back"
+    assert main(["transform", str(path), "-o", str(moved), "--seed", "3"]) == 0
+    assert main(["align", str(path), str(moved), "-o", str(back), "--groups", "all"]) == 0
+    a = load_model(path)
+    assert barrier(a, load_model(back), test, points=5, progress=False)["barrier"] < 1e-4
+    assert barrier(a, load_model(moved), test, points=5, progress=False)["barrier"] > 0.05
