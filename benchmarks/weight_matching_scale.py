@@ -131,8 +131,6 @@ def main() -> None:
     per_sweep = (end - sweep_start) / sweeps
     kinds = res.extra["seconds_by_step_kind"]
     reading = kinds.get("reading", 0.0)
-    n_start = sum(1 for k, *_ in log[:n_parts])
-    assert n_start == n_parts
     assign, maps = seconds.get("assignment", 0.0), seconds.get("procrustes_maps", 0.0)
     total = end - log[0][1]
     cost = total - reading - assign - maps
@@ -143,7 +141,7 @@ def main() -> None:
     print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep")
     print(f"whole run {total:.1f}s = reading {reading:.1f} + assignment {assign:.1f} + procrustes/maps {maps:.1f} "
           f"+ cost matrices and the rest {cost:.1f}")
-    print(f"floor: plain read of both {read_s:.1f}s + assignments per sweep {assign / (sweeps + 0):.1f}s; "
+    print(f"floor: plain read of both {read_s:.1f}s + assignments per sweep {assign / sweeps:.1f}s; "
           f"sweep / floor = {per_sweep / (read_s + assign / sweeps):.2f}")
     print(f"peak RSS: at the middle block of sweep 1 {mid[2]:.2f} GiB, at the end {rss_end:.2f} GiB")
     series = ", ".join(f"{k}: {r:.2f}" for k, _, r in log[n_parts:2 * n_parts])

@@ -193,8 +193,8 @@ class ShardWriter:
             final = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
             (self.folder / fname).rename(self.folder / final)
             weight_map.update({name: final for name in names})
-        total = self.total  # bytes of tensor data, as transformers counts it
-        (self.folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        meta = {"total_size": self.total}  # bytes of tensor data, as transformers counts it
+        (self.folder / INDEX).write_text(json.dumps({"metadata": meta, "weight_map": weight_map}, indent=2))
 
 
 def write_weights(folder: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int = 2 * 1024**3) -> None:

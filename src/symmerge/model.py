@@ -125,31 +125,25 @@ class LazyModel:
             raise SymmergeError(f"{self.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
         return t
 
-    def ends(self) -> Params:
-        """Canonical embeddings, final norm, head and eps."""
-        out = self.adapter.embed_to_canonical(self.get, self.shape)
-        out.update(self.adapter.final_to_canonical(self.get, self.shape))
-        return out
-
-    def block(self, i: int) -> Params:
-        return self.adapter.block_to_canonical(self.get, self.shape, i)
-
     def part(self, key) -> Params:
-        """One part (see `part_keys`), then the files are closed."""
+        """One part (see `part_keys`): the embeddings, block `key`, or the final norm and head; then the
+        files are closed."""
         try:
             if key == "embed":
                 return self.adapter.embed_to_canonical(self.get, self.shape)
             if key == "final":
                 return self.adapter.final_to_canonical(self.get, self.shape)
-            return self.block(key)
+            return self.adapter.block_to_canonical(self.get, self.shape, key)
         finally:
             self.ckpt.close()
 
+    def ends(self) -> Params:
+        """Canonical embeddings, final norm, head and eps."""
+        return {**self.part("embed"), **self.part("final")}
+
     def as_model(self) -> Model:
         """Everything in memory (for small models)."""
-        params = self.ends()
-        for i in range(self.shape.n_layers):
-            params.update(self.block(i))
+        params = {k: v for key in part_keys(self.shape) for k, v in self.part(key).items()}
         return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, dict(self.meta))
 
 

@@ -38,7 +38,7 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
         writer = ShardWriter(tmp, max_shard_bytes)
         writer.add(cast(keep_expected(model.adapter.ends_from_canonical(ends, model.shape), config, cls, partial=True)))
         for i in tqdm(range(model.shape.n_layers), desc="writing", unit="block", disable=not progress):
-            block = transform(model.block(i))
+            block = transform(model.part(i))
             writer.add(cast(keep_expected(model.adapter.block_from_canonical(block, model.shape, i), config, cls, partial=True)))
         writer.finish()
         config.architectures = [cls]
@@ -58,7 +58,7 @@ def _bias_probe(model: LazyModel, ends: Params) -> Params:
              for i in range(model.shape.n_layers) for n in ("b_Q", "b_K", "b_V", "b_O")}
     if model.shape.centred:
         for i in range(model.shape.n_layers):
-            block = model.block(i)
+            block = model.part(i)
             hits = [k for k in probe if k.startswith(f"blocks.{i}.") and bool(block[k].ne(0).any())]
             if hits:
                 probe[hits[0]] = torch.ones(1, dtype=torch.float64)

@@ -71,8 +71,6 @@ def align(args, families=None, progress: bool = True):
     from ..merge import check_compatible
     from ..model import load_model
 
-    if args.max_iters < 1:
-        raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
     a, b = load_model(args.a), load_model(args.b)
     check_compatible(a, b, str(args.a), str(args.b))
     b.spec.select(families)  # unknown or absent families fail here, before any work
@@ -93,8 +91,6 @@ def run_weight(args, families):
     from ..model import LazyModel
     from ..stream import write_streaming
 
-    if args.max_iters < 1:
-        raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
     dtype = getattr(torch, args.precision)
     a, b = LazyModel(args.a, dtype), LazyModel(args.b, dtype)
     check_compatible(a, b, str(args.a), str(args.b))
@@ -129,6 +125,8 @@ def run(args) -> int:
         prepare_output(args.out, args.force)  # fail before any work
     if args.method in DATA_METHODS and not args.data:
         raise SymmergeError(f"--method {args.method} needs --data PATH (a data set to run both models on)")
+    if args.max_iters < 1:
+        raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise SymmergeError(f"cannot write the report to {args.json}: its folder does not exist")
     families = default_families(args)

@@ -274,7 +274,7 @@ def descend(st: _State, chosen: set[str], first: bool, by_kind: dict) -> tuple[i
     return count, rejected
 
 
-def _sources(spec: Spec, A, B, dtype):
+def _sources(A, B, dtype):
     from ..model import InMemoryParts
 
     wrap = lambda x: InMemoryParts(x, dtype) if isinstance(x, dict) else x  # noqa: E731
@@ -300,7 +300,7 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     from ..model import part_keys
 
     start = time.perf_counter()
-    src_a, src_b = _sources(spec, A, B, dtype)
+    src_a, src_b = _sources(A, B, dtype)
     chosen = set(spec.select(families))
     g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
     run = _Run(spec, src_a, src_b, chosen, dict(g))
