@@ -30,7 +30,7 @@ def register(sub) -> None:
                    help=f"comma-separated families, or 'all'; default: all but residual_scale. Families: {','.join(FAMILIES)}")
     p.add_argument("--max-iters", type=int, default=20, help="most sweeps over the groups (default 20)")
     p.add_argument("--precision", choices=("float64", "float32"), default="float64",
-                   help="weight matching: precision of the algebra; float32 halves memory and time for large models")
+                   help="weight matching: precision of the algebra; float32 for large models (less memory, faster products)")
     p.add_argument("--data", default=None, help="activation matching: data set (see symmerge.data)")
     p.add_argument("--split", default="train", help="activation matching: data split (default train)")
     p.add_argument("--batch-size", type=int, default=8, help="activation matching: sequences per batch")

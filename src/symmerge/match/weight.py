@@ -293,7 +293,8 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     (`residual.ResidualFit`), then solves the residual rotation and scale given every block.
     In the first sweep the residual element comes from the embeddings and head alone, whose other
     groups are all known; the per-block groups of that sweep judge only the tensors whose other
-    groups are solved. `dtype`: the precision of the algebra (float32 halves memory and time at scale).
+    groups are solved. `dtype`: the precision of the algebra (float32: less memory and
+    faster products at scale; the assignments cost the same).
     """
     from tqdm.auto import tqdm
 
