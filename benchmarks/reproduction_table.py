@@ -92,6 +92,11 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {','.join(ROWS)}")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--dual-lr", type=float, default=None,
+                    help="learning rate of the dual rows (default --lr); both sides move, so the relative element "
+                         "moves about twice as far per step as one-sided learning's at the same lr")
+    ap.add_argument("--seeds", default="0", help="comma-separated learning seeds (batch order and λ draws); "
+                                                  "with several, each row also gets its mean ± s.e. over seeds")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--lam-range", default="0.4,0.6", help="λ drawn uniformly from this range per step")
     ap.add_argument("--batch-size", type=int, default=16, help="train, validation and test batch size")
@@ -120,45 +125,62 @@ def main() -> None:
           f"learning {args.steps} steps, lr {args.lr}, batches of {bs}" + (f" x {args.seq_len}" if args.seq_len else ""))
     print("| alignment | barrier ± s.e. | acc. barrier | L(0) | L(0.5) | L(1) | steps (best) | val. barrier before -> after "
           "| seconds |\n|---|---|---|---|---|---|---|---|---|", flush=True)
+    seeds = [int(x) for x in args.seeds.split(",")]
     for key in args.rows.split(","):
         label, method, drop, add, param = ROWS[key]
         if key == "dual-no-glu" and "glu_scale" not in b.spec.families():
             continue
-        pa, pb, rep, fams, seconds = a.params, b.params, {}, None, 0.0
-        if method is not None:
-            fams = families_for(b.spec, drop, add)
-            if tuple(fams) not in wm_cache:
-                t1 = time.perf_counter()
-                wm_cache[tuple(fams)] = (weight_match(b.spec, a.params, b.params, fams, max_iters=20).g,
-                                         time.perf_counter() - t1)
-            g0, seconds = wm_cache[tuple(fams)]  # a cached start still counts its time
-            pb = apply(b.spec, g0, b.params)
-            if method != "weight":
-                learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
-                cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps, lr=args.lr,
-                                  lam_range=parse_lam_range(args.lam_range),
-                                  eval_every=args.eval_every, progress=False)
-                t0 = time.perf_counter()
-                r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
-                pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
-                pb = apply(b.spec, r.elements["B"], b.params)
-                rep = r.report
-                seconds += time.perf_counter() - t0
-        if args.no_test:
-            print(f"{key}: {rep.get('steps')} steps (best {rep.get('best_step')}), validation barrier "
-                  f"{rep.get('barrier_before')} -> {rep.get('barrier_after')}, {seconds:.0f} s", flush=True)
-            continue
-        res = path_barrier(evaluator, pa, pb, test)
-        steps = f"{rep['steps']} ({rep['best_step']})" if rep else "-"
-        val = f"{rep['barrier_before']:.4f} -> {rep['barrier_after']:.4f}" if rep else "-"
-        print(f"| {label} | {res['barrier']:.4f} ± {res['barrier_se']:.4f} | {res['accuracy_barrier']:.4f} | "
-              f"{res['loss'][0]:.3f} | {res['loss'][5]:.3f} | {res['loss'][-1]:.3f} | {steps} | {val} | {seconds:.0f} |",
-              flush=True)
-        if args.json:
-            line = {"row": key, "label": label, "families": fams, "param": param, "seconds": seconds, "test": res,
-                    "learn": rep, "args": vars(args)}
-            with open(args.json, "a") as f:
-                f.write(json.dumps(line, default=str) + "\n")
+        results = []
+        for seed in seeds if method not in (None, "weight") else [0]:
+            results.append(run_row(args, key, seed, a, b, evaluator, split, wm_cache, test))
+        if len(results) > 1 and not args.no_test:
+            xs = [r["barrier"] for r in results]
+            m = sum(xs) / len(xs)
+            se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+            print(f"| {label}, mean of seeds {args.seeds} | {m:.4f} ± {se:.4f} (over seeds) | | | | | | | |", flush=True)
+
+
+def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
+    """One row for one learning seed: prints the table line, appends the JSON line, returns the test figures."""
+    label, method, drop, add, param = ROWS[key]
+    pa, pb, rep, fams, seconds = a.params, b.params, {}, None, 0.0
+    if method is not None:
+        fams = families_for(b.spec, drop, add)
+        if tuple(fams) not in wm_cache:
+            t1 = time.perf_counter()
+            wm_cache[tuple(fams)] = (weight_match(b.spec, a.params, b.params, fams, max_iters=20).g,
+                                     time.perf_counter() - t1)
+        g0, seconds = wm_cache[tuple(fams)]  # a cached start still counts its time
+        pb = apply(b.spec, g0, b.params)
+        if method != "weight":
+            learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
+            lr = args.dual_lr if method == "dual" and args.dual_lr else args.lr
+            cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps, lr=lr, seed=seed,
+                              lam_range=parse_lam_range(args.lam_range),
+                              eval_every=args.eval_every, progress=False)
+            t0 = time.perf_counter()
+            r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
+            pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
+            pb = apply(b.spec, r.elements["B"], b.params)
+            rep = r.report
+            seconds += time.perf_counter() - t0
+    if args.no_test:
+        print(f"{key} (seed {seed}): {rep.get('steps')} steps (best {rep.get('best_step')}), validation barrier "
+              f"{rep.get('barrier_before')} -> {rep.get('barrier_after')}, {seconds:.0f} s", flush=True)
+        return {}
+    res = path_barrier(evaluator, pa, pb, test)
+    steps = f"{rep['steps']} ({rep['best_step']})" if rep else "-"
+    val = f"{rep['barrier_before']:.4f} -> {rep['barrier_after']:.4f}" if rep else "-"
+    name = f"{label} (seed {seed})" if args.seeds != "0" and rep else label
+    print(f"| {name} | {res['barrier']:.4f} ± {res['barrier_se']:.4f} | {res['accuracy_barrier']:.4f} | "
+          f"{res['loss'][0]:.3f} | {res['loss'][5]:.3f} | {res['loss'][-1]:.3f} | {steps} | {val} | {seconds:.0f} |",
+          flush=True)
+    if args.json:
+        line = {"row": key, "label": label, "seed": seed, "families": fams, "param": param, "seconds": seconds, "test": res,
+                "learn": rep, "args": vars(args)}
+        with open(args.json, "a") as f:
+            f.write(json.dumps(line, default=str) + "\n")
+    return res
 
 
 if __name__ == "__main__":

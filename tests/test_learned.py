@@ -144,18 +144,43 @@ def test_best_state_kept_and_early_stopping(pair):
 
 
 def test_straight_through_permutations(pair):
-    """The dense straight-through element acts exactly as the index permutation, and gradients reach
-    the latent matrices."""
+    """The dense straight-through element acts exactly as the index permutation, and the latents get
+    the gradient of the dense product P @ W (reference: the same elements acting as dense matrices
+    through the orthogonal-group path of `apply`). Negative control: a different weighting of the
+    outputs changes those gradients."""
     a, b = pair
-    learner = Learner(a, b, LearnConfig(groups=["ffn_perm", "head_perm"]),
+    learner = Learner(a, b, LearnConfig(groups=["ffn_perm", "head_perm", "residual_rotation"]),
                       random_element(b.spec, torch.Generator().manual_seed(2)))
+    rotation = next(s for s in learner.slots if s.param is not None)  # a non-identity rotation acts first
+    for t in rotation.raw.values():
+        t.data.normal_(0, 0.1, generator=torch.Generator().manual_seed(3))
+    dense_spec = dataclasses.replace(learner.spec, groups={
+        n: (dataclasses.replace(g, kind="orthogonal", constraints=()) if g.kind == "permutation" else g)
+        for n, g in learner.spec.groups.items()})
     hard = apply(learner.spec, learner.element("B", hard=True), learner.params["B"])
-    soft = apply(learner.train_spec, learner.element("B", hard=False), learner.params["B"])
-    for k in hard:
-        assert torch.equal(hard[k], soft[k].detach()), k
+    weights = {k: torch.randn(t.shape, generator=torch.Generator().manual_seed(i), dtype=t.dtype)
+               for i, (k, t) in enumerate(sorted(hard.items()))}
+
+    def latent_grads(spec, w):
+        for t in learner.trainables().values():
+            t.grad = None
+        soft = apply(spec, learner.element("B", hard=False), learner.params["B"])
+        for k in hard:
+            assert torch.equal(hard[k], soft[k].detach()), k
+        sum((soft[k] * w[k]).sum() for k in soft).backward()
+        return {s.key: s.raw["latent"].grad.clone() for s in learner.slots if s.param is None}
+
+    fast, reference = latent_grads(learner.spec, weights), latent_grads(dense_spec, weights)
+    assert any(k.endswith(".ffn") for k in fast) and any(k.endswith(".heads") for k in fast)
+    for k in reference:
+        assert float(reference[k].abs().max()) > 0, k
+        assert torch.allclose(fast[k], reference[k], rtol=1e-5, atol=1e-6), k
+    other = latent_grads(learner.spec, {k: w.flip(-1) for k, w in weights.items()})
+    assert any(not torch.allclose(other[k], reference[k], rtol=1e-5, atol=1e-6) for k in reference)
     learner.loss(batches(1, 0)[0], 0.5).backward()
     for s in learner.slots:
-        assert float(s.raw["latent"].grad.abs().max()) > 0, s.key
+        grads = s.raw["latent"].grad if s.param is None else next(iter(s.raw.values())).grad
+        assert float(grads.abs().max()) > 0, s.key
 
 
 def test_interpolated_loss_handles_the_residual_scale(pair):
@@ -264,3 +289,47 @@ def test_learned_align_one_call(pair, tmp_path):
     assert report["steps"] == 4 and report["outputs"][0]["max_logit_diff"] < 1e-4
     assert (out / "config.json").is_file() and not checkpoint_folder(out).exists()
     json.dumps(report)  # the report is JSON as it stands
+
+
+def test_lap_shortcut_equals_the_exact_assignment():
+    """`lap` takes the row-wise argmax when it is a permutation and the exact solver otherwise; both
+    give an assignment of the optimal total (checked against scipy on every matrix)."""
+    from scipy.optimize import linear_sum_assignment
+
+    from symmerge.match.learned import lap
+
+    gen = torch.Generator().manual_seed(0)
+    perm = torch.randperm(40, generator=gen)
+    near_one_hot = torch.nn.functional.one_hot(perm, 40).double() + 0.1 * torch.rand(40, 40, generator=gen, dtype=torch.float64)
+    competing = torch.rand(3, 40, 40, generator=gen, dtype=torch.float64)  # rows share maxima: solver path
+    assert torch.equal(lap(near_one_hot), perm)
+    assert len(set(competing[0].argmax(1).tolist())) < 40  # the shortcut does not apply here
+    for x in [near_one_hot, *competing]:
+        p = lap(x)
+        rows, cols = linear_sum_assignment(x.numpy(), maximize=True)
+        assert sorted(p.tolist()) == list(range(40))
+        assert float(x[torch.arange(40), p].sum()) == pytest.approx(float(x.numpy()[rows, cols].sum()), abs=1e-12)
+    assert lap(competing).shape == (3, 40)
+
+
+def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
+    """The group acts linearly on the weights, so (1 - lam) gA·A + lam gB·B = gA·((1 - lam) A + lam
+    (gA^-1 gB)·B): dual matching reaches the same paths (the same losses at every lam) as one-sided
+    matching with g = gA^-1 gB; it can differ only in how the optimiser gets there. Stock HF logits,
+    float64. Negative control: dropping gA^-1 changes the path."""
+    from symmerge.match.objective import interpolate
+    from symmerge.spec import compose, inverse
+
+    a, b = pair
+    gen = torch.Generator().manual_seed(5)
+    ga = random_element(a.spec, gen, CONTINUOUS)
+    gb = random_element(a.spec, gen, CONTINUOUS)
+    one_sided = compose(a.spec, inverse(a.spec, ga), gb)  # first gB, then gA^-1
+    batch = batches(1, 3)[0]
+    for lam in (0.3, 0.5):
+        dual = interpolate(apply(a.spec, ga, a.params), apply(a.spec, gb, b.params), lam)
+        single = interpolate(a.params, apply(a.spec, one_sided, b.params), lam)
+        ref = _logits(a, single, batch)
+        assert float((_logits(a, dual, batch) - ref).abs().max()) < 1e-9
+        wrong = interpolate(a.params, apply(a.spec, gb, b.params), lam)
+        assert float((_logits(a, wrong, batch) - ref).abs().max()) > 1e-2

@@ -9,6 +9,26 @@ from . import groups as G
 from .spec import Action, Spec
 
 
+class _StraightThroughPermute(torch.autograd.Function):
+    """`m @ x` for a dense `m` whose value is a permutation matrix (a straight-through element): the
+    forward gathers rows (exact, no matmul); the backward is the dense product's (d/dm = dy x^T,
+    d/dx = m^T dy)."""
+
+    @staticmethod
+    def forward(ctx, m, x):
+        idx = m.detach().argmax(-1)
+        ctx.save_for_backward(idx, x)
+        ctx.m_dtype = m.dtype
+        return torch.gather(x, -2, idx.unsqueeze(-1).expand(x.shape))
+
+    @staticmethod
+    def backward(ctx, dy):
+        idx, x = ctx.saved_tensors
+        dm = (dy @ x.transpose(-1, -2)).to(ctx.m_dtype) if ctx.needs_input_grad[0] else None
+        dx = torch.gather(dy, -2, torch.argsort(idx, -1).unsqueeze(-1).expand(dy.shape)) if ctx.needs_input_grad[1] else None
+        return dm, dx
+
+
 def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> torch.Tensor:
     """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says."""
     if action.how == "sq":
@@ -25,7 +45,10 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
             f"of a tensor of shape {tuple(t.shape)}"
         )
     rest = x.shape[nb + 1 :]
-    if group.kind == "permutation":
+    if group.kind == "permutation" and m.is_floating_point():  # dense straight-through element
+        flat = x.reshape(*x.shape[: nb + 1], -1)
+        y = _StraightThroughPermute.apply(m, flat).reshape(x.shape)
+    elif group.kind == "permutation":
         idx = m.reshape(*m.shape, *([1] * len(rest))).expand(x.shape)
         y = torch.gather(x, nb, idx)
     elif group.kind == "diagonal":
