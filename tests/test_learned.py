@@ -333,3 +333,32 @@ def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
         assert float((_logits(a, dual, batch) - ref).abs().max()) < 1e-9
         wrong = interpolate(a.params, apply(a.spec, gb, b.params), lam)
         assert float((_logits(a, wrong, batch) - ref).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("param", ["auto", "expm"])
+def test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice(pair, param):
+    """At the identity start, dual matching's A-side gradient is minus its B-side gradient, and the
+    B-side gradient is one-sided learning's (same start, permutations fixed): the loss depends on
+    gA^-1 gB only. So Adam moves both sides by the same step in opposite directions and the relative
+    element by twice one-sided learning's step at the same lr. Negative control: a different lambda
+    gives different gradients."""
+    a, b = pair
+    # continuous start: with permutations in it, one-sided maps act before them and dual's after, so
+    # the same maps would sit under other head indices
+    init = random_element(b.spec, torch.Generator().manual_seed(8), CONTINUOUS)
+    batch = batches(1, 4)[0]
+
+    def grads(method, lam):
+        learner = Learner(a, b, LearnConfig(method=method, groups=CONTINUOUS, param=param, dtype="float64"), init)
+        learner.loss(batch, lam).backward()
+        return {k: t.grad.clone() for k, t in learner.trainables().items()}
+
+    dual, single = grads("dual", 0.4), grads("learned", 0.4)
+    b_keys = [k for k in dual if k.startswith("B.")]
+    assert b_keys and len(b_keys) * 2 == len(dual) and set(b_keys) == set(single)
+    for k in b_keys:
+        assert float(single[k].abs().max()) > 1e-6, k
+        assert torch.allclose(dual[k], single[k], rtol=1e-6, atol=1e-10), k
+        assert torch.allclose(dual["A" + k[1:]], -single[k], rtol=1e-6, atol=1e-10), k
+    other = grads("learned", 0.7)
+    assert any(not torch.allclose(other[k], single[k], rtol=1e-3, atol=1e-8) for k in b_keys)
