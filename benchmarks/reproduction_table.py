@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=None, help="window length of the train/validation batches")
     ap.add_argument("--train-batches", type=int, default=200)
     ap.add_argument("--val-batches", type=int, default=4)
+    ap.add_argument("--val-points", type=int, default=5, help="λ grid of the validation barrier (endpoints included)")
     ap.add_argument("--test-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="append one JSON line per row here")
@@ -157,7 +158,7 @@ def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
             lr = args.dual_lr if method == "dual" and args.dual_lr else args.lr
             cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps, lr=lr, seed=seed,
                               lam_range=parse_lam_range(args.lam_range),
-                              eval_every=args.eval_every, progress=False)
+                              eval_every=args.eval_every, grid_points=args.val_points, progress=False)
             t0 = time.perf_counter()
             r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
             pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params

@@ -202,6 +202,8 @@ def test_bad_input_is_refused(pair, tmp_path):
     for lam in [(-0.1, 0.5), (0.6, 0.4), (0.5, 1.2)]:
         with pytest.raises(SymmergeError, match="lam-range"):
             learn(a, b, train, val, quick(lam_range=lam))
+    with pytest.raises(SymmergeError, match="at least 3 grid points"):
+        learn(a, b, train, val, quick(grid_points=2))  # align --val-points 2
     with pytest.raises(SymmergeError, match="residual_rotation"):
         learn(a, b, train, val, quick(param="direct"))  # GPT-2's rotation is orthogonal: no free matrix
     with pytest.raises(SymmergeError, match="nothing to learn"):

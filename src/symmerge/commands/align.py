@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--val-batches", type=int, default=16,
                    help="learned/dual: validation batches (validation split) for choosing the best state; with 4 batches of 64 "
                    "MNIST images the choice followed noise (benchmarks/README.md)")
+    p.add_argument("--val-points", type=int, default=5,
+                   help="learned/dual: λ grid of the validation barrier, endpoints included (11 sees the whole path as "
+                   "the reported barrier does, at 2.2x the validation cost)")
     p.add_argument("--resume", action="store_true", help="learned/dual: continue the interrupted run of OUT")
     p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
@@ -166,7 +169,7 @@ def run_learned(args, families) -> int:
 
     cfg = LearnConfig(method=args.method, groups=families, param=args.param, steps=args.steps, lr=args.lr,
                       lam_range=parse_lam_range(args.lam_range), seed=args.seed, eval_every=args.eval_every,
-                      patience=args.patience)
+                      patience=args.patience, grid_points=args.val_points)
     cfg.validate()
     train = load_data(args, args.a, "train")
     val = load_data(args, args.a, "validation", args.val_batches)

@@ -10,6 +10,10 @@ the interpolated model, with every model weight frozen.
 - "dual": `init` is absorbed into B first (B' = init·B); then A and B' each get their own continuous
   elements (residual rotation and scale, QK and OV maps, GLU scales), starting at the identity;
   permutations stay fixed. Outputs gA·A and gB·B'.
+  The group acts linearly on weights, so (1 - lam) gA·A + lam gB·B' = gA·((1 - lam) A + lam
+  (gA^-1 gB)·B'): dual matching reaches exactly the paths one-sided matching with permutations fixed
+  reaches. At the identity start its two sides get opposite copies of the one-sided gradient, so at
+  learning rate lr the relative element gA^-1 gB first moves like one-sided learning's at 2 lr (tested).
 
 Loss: the stock HF loss (`objective.py`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
 lam per step. "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity,
