@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import SymmergeError
@@ -9,31 +11,38 @@ from . import groups as G
 from .spec import Action, Spec
 
 
+class StraightThrough(NamedTuple):
+    """A straight-through permutation element (learned matching): it acts as the hard permutation
+    `index`, and gradients go to `latent` as if the dense matrix `latent` had acted (d/dlatent of
+    `latent @ x` is `dy x^T`)."""
+
+    index: torch.Tensor  # [*batch, n] int64
+    latent: torch.Tensor  # [*batch, n, n] floating, requires grad
+
+
 class _StraightThroughPermute(torch.autograd.Function):
-    """`m @ x` for a dense `m` whose value is a permutation matrix (a straight-through element): the
-    forward gathers rows (exact, no matmul); the backward is the dense product's (d/dm = dy x^T,
-    d/dx = m^T dy)."""
+    """Rows of `x` gathered by `index` (exact, no matmul); the backward is that of `latent @ x`
+    with `latent` valued as the permutation matrix: d/dlatent = dy x^T, d/dx = P^T dy."""
 
     @staticmethod
-    def forward(ctx, m, x):
-        idx = m.detach().argmax(-1)
-        ctx.save_for_backward(idx, x)
-        ctx.m_dtype = m.dtype
-        return torch.gather(x, -2, idx.unsqueeze(-1).expand(x.shape))
+    def forward(ctx, latent, index, x):
+        ctx.save_for_backward(index, x)
+        ctx.latent_dtype = latent.dtype
+        return torch.gather(x, -2, index.unsqueeze(-1).expand(x.shape))
 
     @staticmethod
     def backward(ctx, dy):
-        idx, x = ctx.saved_tensors
-        dm = (dy @ x.transpose(-1, -2)).to(ctx.m_dtype) if ctx.needs_input_grad[0] else None
-        dx = torch.gather(dy, -2, torch.argsort(idx, -1).unsqueeze(-1).expand(dy.shape)) if ctx.needs_input_grad[1] else None
-        return dm, dx
+        index, x = ctx.saved_tensors
+        dlatent = (dy @ x.transpose(-1, -2)).to(ctx.latent_dtype) if ctx.needs_input_grad[0] else None
+        dx = torch.gather(dy, -2, torch.argsort(index, -1).unsqueeze(-1).expand(dy.shape)) if ctx.needs_input_grad[2] else None
+        return dlatent, None, dx
 
 
 def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> torch.Tensor:
     """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says."""
     if action.how == "sq":
         return t * g.to(t.dtype) ** 2
-    m = g if action.how == "g" else G.inverse_transpose(group, g)
+    m = g if action.how == "g" or isinstance(g, StraightThrough) else G.inverse_transpose(group, g)
     if group.kind == "scalar":
         return t * m.to(t.dtype)
     lead = (*action.batch_axes, action.axis)
@@ -45,9 +54,9 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
             f"of a tensor of shape {tuple(t.shape)}"
         )
     rest = x.shape[nb + 1 :]
-    if group.kind == "permutation" and m.is_floating_point():  # dense straight-through element
+    if isinstance(m, StraightThrough):  # a permutation matrix is its own inverse transpose
         flat = x.reshape(*x.shape[: nb + 1], -1)
-        y = _StraightThroughPermute.apply(m, flat).reshape(x.shape)
+        y = _StraightThroughPermute.apply(m.latent, m.index, flat).reshape(x.shape)
     elif group.kind == "permutation":
         idx = m.reshape(*m.shape, *([1] * len(rest))).expand(x.shape)
         y = torch.gather(x, nb, idx)

@@ -3,10 +3,9 @@ the interpolated model, with every model weight frozen.
 
 - "learned": B's element g is learned; OUT = g·B. Continuous groups go through a parameterisation
   (`parametrize.py`); permutations through a straight-through estimator: the forward uses the hard
-  assignment P = LAP(L) of a latent matrix L and the backward treats P as L (the dense element
-  `P + L - L.detach()`, exactly P in value; `apply` gathers rows with it and gives the dense
-  product's gradient). Start: `init` (the weight-matching solution), latents at its permutation
-  matrices.
+  assignment P = LAP(L) of a latent matrix L and the backward treats P as L (`apply.StraightThrough`:
+  rows gathered by P, the gradient of the dense product L @ x to L). Start: `init` (the
+  weight-matching solution), latents at its permutation matrices.
 - "dual": `init` is absorbed into B first (B' = init·B); then A and B' each get their own continuous
   elements (residual rotation and scale, QK and OV maps, GLU scales), starting at the identity;
   permutations stay fixed. Outputs gA·A and gB·B'.
@@ -39,7 +38,7 @@ from scipy.optimize import linear_sum_assignment
 
 from .. import SymmergeError
 from .. import groups as G
-from ..apply import apply
+from ..apply import StraightThrough, apply
 from ..merge import check_compatible
 from ..model import Model
 from ..spec import Spec, compose, identity_element
@@ -200,23 +199,28 @@ class Learner:
         return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
 
     def element(self, side: str, hard: bool) -> dict[str, torch.Tensor]:
-        """The side's learned element (on top of its base); dense straight-through permutations unless `hard`."""
+        """The side's learned element (on top of its base); straight-through permutations unless `hard`."""
         g = dict(self.base[side])
         for s in (s for s in self.slots if s.side == side):
             grp = self.spec.groups[s.group]
             if s.param is None:
                 p = lap(s.raw["latent"])
-                latent = s.raw["latent"]
-                g[s.group] = p if hard else (G.as_matrix(grp, p).to(latent.dtype) + latent - latent.detach())
+                g[s.group] = p if hard else StraightThrough(p, s.raw["latent"])
                 continue
             h = s.param.element(s.raw, s.fixed)
             g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[side][s.group])
         return g
 
     def endpoints(self, hard: bool) -> tuple[dict, dict]:
-        ta = apply(self.spec, self.element("A", hard), self.params["A"]) if self.dual else self.params["A"]
-        tb = apply(self.spec, self.element("B", hard), self.params["B"])
-        return ta, tb
+        """Both sides' moved parameters; for training (not `hard`) the elements are cast once to the
+        forward's dtype, instead of once per tensor they act on."""
+        def moved(side):
+            g = self.element(side, hard)
+            if not hard:
+                g = {n: t.to(self.obj.dtype) if torch.is_tensor(t) and t.is_floating_point() else t for n, t in g.items()}
+            return apply(self.spec, g, self.params[side])
+
+        return (moved("A") if self.dual else self.params["A"]), moved("B")
 
     def loss(self, batch: dict, lam: float) -> torch.Tensor:
         ta, tb = self.endpoints(hard=False)
