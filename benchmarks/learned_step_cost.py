@@ -5,8 +5,10 @@ does not depend on the weights). A learned-matching step applies the group eleme
 canonical tensors, interpolates, exports and runs the stock HF forward and backward (gradients to the
 group parameters only), then an Adam step on those parameters. The plain step is `symmerge train`'s
 own step (forward with labels, backward to every weight, gradient clipping, AdamW). Both run
-interleaved (median of `--steps`, after `--warmup` untimed steps each) in float32. Applying the
-elements costs the same at every batch size, so learned / plain falls as the batch grows.
+interleaved (median of `--steps`, after `--warmup` untimed steps each) in float32, with the forward
+half of the batch-independent work timed on its own (elements, their action on the weights,
+interpolation, export: "apply fwd"). That part costs the same at every batch size, so learned / plain
+falls as the batch grows.
 
     PYTHONPATH=src python benchmarks/learned_step_cost.py --arch gpt2 --batches 1,4,16 --steps 3 --threads 1
     # --method dual: continuous groups on both sides (permutations fixed), as `align --method dual`
@@ -23,6 +25,7 @@ import torch
 import transformers
 
 from symmerge.match.learned import LearnConfig, Learner
+from symmerge.match.objective import interpolate
 from symmerge.model import load_model
 from symmerge.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
 from symmerge.train import _optimizer, _step
@@ -50,6 +53,12 @@ def learned_step(learner: Learner, opt, batch) -> None:
     opt.zero_grad(set_to_none=True)
     learner.loss(batch, 0.5).backward()
     opt.step()
+
+
+def apply_only(learner: Learner) -> None:
+    """The batch-independent forward part of a step: elements, their action on both sides, interpolation."""
+    ta, tb = learner.endpoints(hard=False)
+    learner.obj.state_dict(interpolate(ta, tb, 0.5))
 
 
 def median_times(fns: dict, steps: int, warmup: int) -> dict[str, float]:
@@ -95,13 +104,15 @@ def main() -> None:
     print(f"{a.arch} {a.preset} (d={preset.d_model}, layers={preset.layers}, preset batch {preset.batch_size}): "
           f"{n_weights / 1e6:.1f}M weights; {a.method}, {n_group / 1e3:.1f}k group parameters ({a.groups}); "
           f"threads={torch.get_num_threads()}; median of {a.steps}")
-    print(f"{'batch':>6} {'plain s/step':>13} {'learned s/step':>15} {'learned/plain':>14}")
+    print(f"{'batch':>6} {'plain s/step':>13} {'learned s/step':>15} {'learned/plain':>14} {'of which apply fwd s':>21}")
     gen = torch.Generator().manual_seed(0)
     for bs in sizes:
         batch = make_batch(a.arch, preset, bs, gen)
         t = median_times({"plain": lambda b=batch: _step(plain, popt, b, preset.lr, preset.clip),
-                          "learned": lambda b=batch: learned_step(learner, lopt, b)}, a.steps, a.warmup)
-        print(f"{bs:>6} {t['plain']:>13.3f} {t['learned']:>15.3f} {t['learned'] / t['plain']:>14.2f}", flush=True)
+                          "learned": lambda b=batch: learned_step(learner, lopt, b),
+                          "apply": lambda: apply_only(learner)}, a.steps, a.warmup)
+        print(f"{bs:>6} {t['plain']:>13.3f} {t['learned']:>15.3f} {t['learned'] / t['plain']:>14.2f} {t['apply']:>21.3f}",
+              flush=True)
 
 
 if __name__ == "__main__":
