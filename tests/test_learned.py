@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -369,3 +370,40 @@ def test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice(pair, para
         assert torch.allclose(dual["A" + k[1:]], -single[k], rtol=1e-6, atol=1e-10), k
     other = grads("learned", 0.7)
     assert any(not torch.allclose(other[k], single[k], rtol=1e-3, atol=1e-8) for k in b_keys)
+
+
+def test_cli_dual_align_on_real_text(tmp_path, capsys):
+    """`symmerge align --method dual` end to end on Tiny Shakespeare characters: OUT/A and OUT/B load
+    with stock `from_pretrained` and compute A's and B's logits (1e-4; negative control: B's logits
+    differ from A's), the report records dual's default learning rate (half of learned's), and a
+    validation grid of 2 points is refused with exit code 2 and nothing written."""
+    import transformers as T
+
+    from symmerge import cli
+    from symmerge.tokenizers import char_tokenizer
+
+    text = (Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt").read_text()[:20000]
+    (tmp_path / "text.txt").write_text(text)
+    tok = char_tokenizer(text)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=24, n_layer=2, n_head=3, n_positions=32, vocab_size=len(tok)))
+        model.save_pretrained(tmp_path / f"m{seed}")
+        tok.save_pretrained(tmp_path / f"m{seed}")
+    common = [str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "dual", "--data", str(tmp_path / "text.txt"),
+              "--batch-size", "4", "--max-batches", "2", "--val-batches", "1", "--steps", "4", "--eval-every", "2"]
+    assert cli.main(["align", *common, "-o", str(tmp_path / "bad"), "--val-points", "2"]) == 2
+    assert "grid points" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    out = tmp_path / "out"
+    assert cli.main(["align", *common, "-o", str(out), "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["lr"] == 5e-3 and report["settings"]["method"] == "dual"
+    x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
+
+    def run(folder):
+        with torch.no_grad():
+            return T.AutoModelForCausalLM.from_pretrained(folder).eval()(**x).logits
+
+    for side, src in (("A", "m0"), ("B", "m1")):
+        assert float((run(out / side) - run(tmp_path / src)).abs().max()) <= 1e-4, side
+    assert float((run(out / "B") - run(tmp_path / "m0")).abs().max()) > 1e-2
