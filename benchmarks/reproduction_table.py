@@ -63,6 +63,17 @@ def families_for(spec, drop, add) -> list[str]:
     return [f for f in spec.families() if (f in default and f not in drop) or f in add]
 
 
+def reassigned(spec, start: dict, end: dict) -> dict[str, list[int]]:
+    """Per permutation family: entries the learned element changed from the start, and entries in all
+    (zero for dual matching, whose permutations stay at the weight-matching solution)."""
+    out: dict[str, list[int]] = {}
+    for n, grp in spec.groups.items():
+        if grp.kind == "permutation":
+            changed, total = out.setdefault(grp.family, [0, 0])
+            out[grp.family] = [changed + int((end[n] != start[n]).sum()), total + start[n].numel()]
+    return out
+
+
 def path_barrier(evaluator: PathEvaluator, pa: dict, pb: dict, batches: list[dict], points: int = 11) -> dict:
     """Token-weighted curve over `batches` and the barrier, with the paired standard error at its peak."""
     lams = [i / (points - 1) for i in range(points)]
@@ -163,10 +174,11 @@ def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
             r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
             pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
             pb = apply(b.spec, r.elements["B"], b.params)
-            rep = r.report
+            rep = dict(r.report, reassigned=reassigned(b.spec, g0, r.elements["B"]))
             seconds += time.perf_counter() - t0
     if args.no_test:
-        print(f"{key} (seed {seed}): {rep.get('steps')} steps (best {rep.get('best_step')}), validation barrier "
+        print(f"{key} (seed {seed}): {rep.get('steps')} steps (best {rep.get('best_step')}), reassigned "
+              f"{rep.get('reassigned')}, validation barrier "
               f"{rep.get('barrier_before')} -> {rep.get('barrier_after')}, {seconds:.0f} s", flush=True)
         return {}
     res = path_barrier(evaluator, pa, pb, test)
