@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 import torch
@@ -27,6 +26,7 @@ import torch
 from symmerge.apply import apply
 from symmerge.barrier import PathEvaluator, summarise
 from symmerge.data import load_batches
+from symmerge.evaluate import mean_se
 from symmerge.match.learned import LearnConfig, learn, parse_lam_range
 from symmerge.match.weight import weight_match
 from symmerge.merge import interpolate
@@ -89,9 +89,7 @@ def path_barrier(evaluator: PathEvaluator, pa: dict, pb: dict, batches: list[dic
     i = lams.index(out["barrier_lambda"])
     lam = lams[i]
     gaps = [per[i][j]["loss"] - ((1 - lam) * per[0][j]["loss"] + lam * per[-1][j]["loss"]) for j in range(len(n))]
-    m = sum(gaps) / len(gaps)
-    se = math.sqrt(sum((g - m) ** 2 for g in gaps) / (len(gaps) - 1) / len(gaps)) if len(gaps) > 1 else float("nan")
-    out.update(loss=loss, accuracy=acc, barrier_se=se, lambdas=lams)
+    out.update(loss=loss, accuracy=acc, barrier_se=mean_se(gaps), lambdas=lams)
     return out
 
 
@@ -147,9 +145,8 @@ def main() -> None:
             results.append(run_row(args, key, seed, a, b, evaluator, split, wm_cache, test))
         if len(results) > 1 and not args.no_test:
             xs = [r["barrier"] for r in results]
-            m = sum(xs) / len(xs)
-            se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-            print(f"| {label}, mean of seeds {args.seeds} | {m:.4f} ± {se:.4f} (over seeds) | | | | | | | |", flush=True)
+            print(f"| {label}, mean of seeds {args.seeds} | {sum(xs) / len(xs):.4f} ± {mean_se(xs):.4f} (over seeds) "
+                  "| | | | | | | |", flush=True)
 
 
 def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:

@@ -42,7 +42,7 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
     """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says."""
     if action.how == "sq":
         return t * g.to(t.dtype) ** 2
-    m = g if action.how == "g" or isinstance(g, StraightThrough) else G.inverse_transpose(group, g)
+    m = g if action.how == "g" else G.inverse_transpose(group, g)
     if group.kind == "scalar":
         return t * m.to(t.dtype)
     lead = (*action.batch_axes, action.axis)
@@ -54,7 +54,7 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
             f"of a tensor of shape {tuple(t.shape)}"
         )
     rest = x.shape[nb + 1 :]
-    if isinstance(m, StraightThrough):  # a permutation matrix is its own inverse transpose
+    if isinstance(m, StraightThrough):
         flat = x.reshape(*x.shape[: nb + 1], -1)
         y = _StraightThroughPermute.apply(m.latent, m.index, flat).reshape(x.shape)
     elif group.kind == "permutation":

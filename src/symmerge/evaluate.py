@@ -36,7 +36,8 @@ def batch_scores(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int
     return float(loss), int(correct), int(labels.numel())
 
 
-def _mean_se(values: list[float]) -> float:
+def mean_se(values: list[float]) -> float:
+    """Standard error of the mean of `values` (NaN for fewer than two)."""
     n = len(values)
     if n < 2:
         return float("nan")
@@ -54,8 +55,8 @@ def _run(forward: Callable[[dict], torch.Tensor], batches: list[dict], dtype: to
             losses.append(loss / max(n, 1))
             accs.append(correct / max(n, 1))
     return {
-        "loss": total_loss / max(total_n, 1), "loss_se": _mean_se(losses),
-        "accuracy": total_correct / max(total_n, 1), "accuracy_se": _mean_se(accs),
+        "loss": total_loss / max(total_n, 1), "loss_se": mean_se(losses),
+        "accuracy": total_correct / max(total_n, 1), "accuracy_se": mean_se(accs),
         "n_batches": len(batches), "n_items": sum(len(b["labels"]) for b in batches), "n_scored": total_n,
     }
 
