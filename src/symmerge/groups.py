@@ -12,6 +12,10 @@ maps) and the constraints the architecture imposes. Elements are plain tensors, 
 | scalar        | `[]`                | `T' = a T`                                            |
 
 Composition `compose(g2, g1)` means "first g1, then g2" (the matrix `G2 G1`).
+
+An orthogonal group with the "permutation_matrix" constraint holds only permutation matrices (the
+residual permutation of permutation-only matching, `Spec.restricted`); like "signed_permutation"
+it makes the group discrete.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from . import SymmergeError
 
 KINDS = ("permutation", "orthogonal", "invertible", "diagonal", "scalar")
 #: constraints a group may carry; each is read by `random_element` and `membership_error`
-CONSTRAINTS = ("fixes_ones", "rope", "signed_permutation", "positive")
+CONSTRAINTS = ("fixes_ones", "rope", "signed_permutation", "permutation_matrix", "positive")
 
 DTYPE = torch.float64
 
@@ -68,7 +72,7 @@ class Group:
     def dimension(self) -> int:
         """Dimension of the group as a manifold (0 for discrete groups)."""
         n, copies = self.size, math.prod(self.batch)
-        if self.kind == "permutation" or "signed_permutation" in self.constraints:
+        if self.discrete:
             return 0
         if self.kind == "scalar":
             return 1
@@ -83,11 +87,18 @@ class Group:
         return n * n * copies
 
     @property
+    def discrete(self) -> bool:
+        """Permutations, and the maps restricted to (signed) permutation matrices."""
+        return self.kind == "permutation" or bool({"signed_permutation", "permutation_matrix"} & set(self.constraints))
+
+    @property
     def order_note(self) -> str:
         if self.kind == "permutation":
             return f"S({self.size})"
         if "signed_permutation" in self.constraints:
             return f"signed permutations of {self.size}"
+        if "permutation_matrix" in self.constraints:
+            return f"permutation matrices of {self.size}"
         return ""
 
 
@@ -223,6 +234,9 @@ def random_element(group: Group, gen: torch.Generator, spread: float = 2.0) -> t
             d = d * (torch.randint(0, 2, (*b, n), generator=gen).to(DTYPE) * 2 - 1)
         return d
     if group.kind == "orthogonal":
+        if "permutation_matrix" in group.constraints:
+            perms = [torch.randperm(n, generator=gen) for _ in range(math.prod(b))]
+            return torch.nn.functional.one_hot(torch.stack(perms), n).to(DTYPE).reshape(*b, n, n)
         if "fixes_ones" in group.constraints:
             assert not b, "fixes_ones is only used for the single residual rotation"
             return orthogonal_fixing_ones(_haar_orthogonal(n - 1, gen))
@@ -279,4 +293,6 @@ def membership_error(group: Group, g: torch.Tensor) -> float:
         errors.append(float((g - rope_blocks(group, a, bb, free)).abs().max()))
     if "signed_permutation" in group.constraints:
         errors.append(float((g.abs().sum(-1) - 1).abs().max() + (g.abs().round() - g.abs()).abs().max()))
+    if "permutation_matrix" in group.constraints:  # orthogonal with 0/1 entries: a permutation matrix
+        errors.append(float((g.round() - g).abs().max() + (g < -0.5).any()))
     return max(errors)

@@ -14,7 +14,7 @@ Batched groups (one map per KV group) name the tensor axes that run along their 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,7 +22,11 @@ from . import SymmergeError
 from . import groups as G
 from .shape import ModelShape
 
-FAMILIES = ("residual_rotation", "residual_scale", "head_perm", "qk_map", "ov_map", "ffn_perm", "glu_scale")
+FAMILIES = ("residual_rotation", "residual_perm", "residual_scale", "head_perm", "qk_map", "ov_map", "ffn_perm",
+            "glu_scale")
+#: the residual rotation restricted to permutation matrices: the residual group of permutation-only matching
+#: (the "permutations only" rows of Theus et al. 2025); selecting it restricts the spec (`Spec.restricted`)
+RESIDUAL_PERM = "residual_perm"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,20 @@ class Spec:
     def families(self) -> list[str]:
         return [f for f in FAMILIES if any(g.family == f for g in self.groups.values())]
 
+    def restricted(self, families: list[str] | None) -> Spec:
+        """This spec, with the residual rotation restricted to permutation matrices when `families` names
+        residual_perm. Permutations fix the all-ones vector, so LayerNorm models admit them too; the group
+        keeps its name, so elements of the restricted spec act through the same actions."""
+        rot = self.groups.get("residual.rotation")
+        if not families or RESIDUAL_PERM not in families or rot is None or rot.family == RESIDUAL_PERM:
+            return self
+        if "residual_rotation" in families:
+            raise SymmergeError("residual_perm is the residual rotation restricted to permutations: "
+                                "choose residual_rotation or residual_perm, not both")
+        perm = replace(rot, family=RESIDUAL_PERM, constraints=("permutation_matrix",),
+                       note="the residual rotation restricted to permutation matrices (permutation-only matching)")
+        return Spec(self.shape, {**self.groups, perm.name: perm}, self.actions, self.notes)
+
     def select(self, families: list[str] | None) -> list[str]:
         """Names of the groups in the given families (all when None); unknown families are an error."""
         if families is None:
@@ -50,12 +68,13 @@ class Spec:
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
             raise SymmergeError(f"unknown group family {unknown}; choose from {', '.join(FAMILIES)}")
-        missing = [f for f in families if f not in self.families()]
+        spec = self.restricted(families)
+        missing = [f for f in families if f not in spec.families()]
         if missing:
             raise SymmergeError(
                 f"{self.shape.arch} has no {', '.join(missing)} symmetry; it has {', '.join(self.families())}"
             )
-        return [n for n, g in self.groups.items() if g.family in families]
+        return [n for n, g in spec.groups.items() if g.family in families]
 
     def application_order(self) -> list[str]:
         """Groups that re-index others (head and FFN permutations) act last."""
@@ -193,6 +212,7 @@ def identity_element(spec: Spec) -> dict[str, torch.Tensor]:
 
 def random_element(spec: Spec, gen: torch.Generator, families: list[str] | None = None, spread: float = 2.0):
     """A random element of the selected families (identity elsewhere)."""
+    spec = spec.restricted(families)
     chosen = set(spec.select(families))
     return {n: (G.random_element(g, gen, spread) if n in chosen else G.identity(g)) for n, g in spec.groups.items()}
 

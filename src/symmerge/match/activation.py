@@ -36,7 +36,7 @@ import torch
 from .. import SymmergeError
 from .. import groups as G
 from ..model import Model, build_hf_model, export_state_dict
-from .solvers import linear_assignment, procrustes, solve_map
+from .solvers import best_rotation, linear_assignment, solve_map
 from .weight import MatchResult, _scatter, _solve_scaling, _State, assign_heads
 
 #: per adapter: modules whose outputs are normalised streams, whose input is the FFN hidden vector,
@@ -216,16 +216,16 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
                      max_tokens: int = 20000) -> MatchResult:
     """The element g making g·B's activations closest to A's (see the module docstring)."""
     start = time.perf_counter()
-    spec = b.spec
+    spec = b.spec.restricted(families)
     chosen = set(spec.select(families))
     acts_a, acts_b = collect(a, batches, max_tokens), collect(b, batches, max_tokens)
     g = {n: G.identity(grp) for n, grp in spec.groups.items()}
     fit: dict = {}
-    rot = next((n for n, x in spec.groups.items() if x.family == "residual_rotation"), None)
+    rot = "residual.rotation" if "residual.rotation" in spec.groups else None
     if rot in chosen:
         keys = [k for k in acts_a if k[0] == "norm"]
         c = sum(acts_a[k] @ acts_b[k].T for k in keys)
-        g[rot] = procrustes(c, "fixes_ones" in spec.groups[rot].constraints)
+        g[rot] = best_rotation(spec.groups[rot], c)
         num = sum(float(((acts_a[k] - g[rot] @ acts_b[k]) ** 2).sum()) for k in keys)
         fit["residual_r2"] = 1 - num / sum(float((acts_a[k] ** 2).sum()) for k in keys)
     for i in range(spec.shape.n_layers):

@@ -4,8 +4,10 @@ the interpolated model, with every model weight frozen.
 - "learned": B's element g is learned; OUT = g·B. Continuous groups go through a parameterisation
   (`parametrize.py`); permutations through a straight-through estimator: the forward uses the hard
   assignment P = LAP(L) of a latent matrix L and the backward treats P as L (`apply.StraightThrough`:
-  rows gathered by P, the gradient of the dense product L @ x to L). Start: `init` (the
-  weight-matching solution), latents at its permutation matrices.
+  rows gathered by P, the gradient of the dense product L @ x to L). The residual permutation
+  (`residual_perm`, the residual rotation restricted to permutation matrices) acts as a matrix, so its
+  straight-through element is P + (L - L.detach()). Start: `init` (the weight-matching solution),
+  latents at its permutation matrices.
 - "dual": `init` is absorbed into B first (B' = init·B); then A and B' each get their own continuous
   elements (residual rotation and scale, QK and OV maps, GLU scales), starting at the identity;
   permutations stay fixed. Outputs gA·A and gB·B'.
@@ -155,7 +157,7 @@ class Learner:
     def __init__(self, a: Model, b: Model, cfg: LearnConfig, init: dict | None = None):
         cfg.validate()
         check_compatible(a, b)
-        self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec
+        self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec.restricted(cfg.groups)
         self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
         _check_element(self.spec, self.init, "the initial element")
         selected = self.spec.select(cfg.groups)
@@ -163,7 +165,8 @@ class Learner:
             selected = [n for n in selected if self.spec.groups[n].family != "residual_scale"]
         self.dual = cfg.method == "dual"
         cont = [n for n in selected if learnable(self.spec.groups[n])]
-        ste = [] if self.dual else [n for n in selected if self.spec.groups[n].kind == "permutation"]
+        ste = [] if self.dual else [n for n in selected if self.spec.groups[n].discrete
+                                    and "signed_permutation" not in self.spec.groups[n].constraints]
         if not cont and not ste:
             raise SymmergeError(f"{cfg.method} matching has nothing to learn in {cfg.groups or 'all groups'}: "
                                 "dual matching learns continuous groups only; signed permutations stay fixed")
@@ -185,8 +188,11 @@ class Learner:
                 raw, fixed = p.from_element(self.base[side][n]) if self.cfg.anchor == "absolute" else p.identity()
                 slots.append(Slot(side, n, p, raw, fixed))
             for n in ste if side == "B" else []:
-                # float32 is plenty to rank columns, and halves the optimiser's and the gathers' traffic
-                latent = torch.nn.functional.one_hot(self.base[side][n], self.spec.groups[n].size).to(torch.float32)
+                # float32 is plenty to rank columns, and halves the optimiser's and the gathers' traffic;
+                # a residual permutation is already a (permutation) matrix
+                start = self.base[side][n]
+                latent = (start if start.is_floating_point() else torch.nn.functional.one_hot(start, start.shape[-1]))
+                latent = latent.to(torch.float32)
                 slots.append(Slot(side, n, None, {"latent": latent}))
         for s in slots:
             for t in s.raw.values():
@@ -203,9 +209,14 @@ class Learner:
         g = dict(self.base[side])
         for s in (s for s in self.slots if s.side == side):
             grp = self.spec.groups[s.group]
-            if s.param is None:
+            if s.param is None and grp.kind == "permutation":
                 p = lap(s.raw["latent"])
                 g[s.group] = p if hard else StraightThrough(p, s.raw["latent"])
+                continue
+            if s.param is None:  # the residual permutation acts as a matrix: hard forward, latent backward
+                latent = s.raw["latent"]
+                p = torch.nn.functional.one_hot(lap(latent), grp.size).to(G.DTYPE)
+                g[s.group] = p if hard else p + (latent - latent.detach())
                 continue
             h = s.param.element(s.raw, s.fixed)
             g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[side][s.group])

@@ -230,8 +230,8 @@ class Parametrization:
 
 
 def learnable(group: G.Group) -> bool:
-    """Continuous groups are parameterised; permutations and signed permutations are discrete."""
-    return group.kind != "permutation" and "signed_permutation" not in group.constraints
+    """Continuous groups are parameterised; permutations and (signed) permutation matrices are discrete."""
+    return not group.discrete
 
 
 def parametrization(group: G.Group, method: str) -> Parametrization:

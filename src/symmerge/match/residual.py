@@ -9,7 +9,8 @@ with X_T = B's tensor under every *other* group (flattened to `[d, m]` along the
 the whole objective in (R, a) is a function of two d x d cross-covariances (scaled and unscaled
 tensors), two norms and a constant, summed over the model: `ResidualFit.add` takes one part at a
 time (the embeddings, one block, the head), which is what lets weight matching stream a checkpoint
-that does not fit in memory. `solve` alternates the two exact minimisers (Procrustes for R given a,
+that does not fit in memory. `solve` alternates the two exact minimisers (Procrustes for R given a -- an assignment when R is restricted to
+permutations --
 least squares for a given R), each of which can only lower the objective.
 """
 
@@ -22,7 +23,7 @@ import torch
 from .. import groups as G
 from ..spec import Spec
 from .costs import along
-from .solvers import procrustes
+from .solvers import best_rotation
 
 ROTATION, SCALE = "residual.rotation", "residual.scale"
 
@@ -76,12 +77,11 @@ class ResidualFit:
         """(r, a) lowering `distance`, starting from the given ones; only the chosen groups move.
 
         With both, the two exact steps alternate until the objective gains less than `rtol * ||A||^2`."""
-        fixes_ones = "fixes_ones" in self.spec.groups[ROTATION].constraints
         bb = math.fsum(self.bb[True])
         best = self.distance(r, a)
         for _ in range(iters if rotation and scale else 1):
             if rotation:
-                r = procrustes(float(a) * self.c[True] + self.c[False], fixes_ones)
+                r = best_rotation(self.spec.groups[ROTATION], float(a) * self.c[True] + self.c[False])
             if scale and bb > 0:
                 q = float((r * self.c[True]).sum())
                 a = torch.tensor(q / bb, dtype=G.DTYPE) if q > 0 else a  # the scale must stay positive

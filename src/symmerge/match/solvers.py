@@ -45,6 +45,14 @@ def linear_assignment(score: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(p)
 
 
+def best_rotation(group, c: torch.Tensor) -> torch.Tensor:
+    """The member of an orthogonal `group` maximising `tr(O^T c)`: Procrustes, or, for a group restricted
+    to permutation matrices, the assignment maximising `sum_i c[i, p[i]]` as a matrix."""
+    if "permutation_matrix" in group.constraints:
+        return torch.nn.functional.one_hot(linear_assignment(c), c.shape[-1]).to(c.dtype)
+    return procrustes(c, "fixes_ones" in group.constraints)
+
+
 def procrustes(c: torch.Tensor, fixes_ones: bool = False) -> torch.Tensor:
     """Orthogonal `O` maximising `tr(O^T c)`; with `fixes_ones`, over the maps with `O 1 = 1`."""
     if fixes_ones:

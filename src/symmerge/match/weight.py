@@ -302,6 +302,7 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
 
     start = time.perf_counter()
     src_a, src_b = _sources(A, B, dtype)
+    spec = spec.restricted(families)  # residual_perm: the residual rotation restricted to permutations
     chosen = set(spec.select(families))
     g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
     run = _Run(spec, src_a, src_b, chosen, dict(g))
