@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from symmerge.evaluate import mean_se
+from reproduction_table import seed_mean
 
 
 def rows(path: str) -> dict[tuple, list[dict]]:
@@ -39,13 +39,12 @@ def main() -> None:
             tests = [r["test"] for r in rs]
             per = ", ".join(f"{t['barrier']:.4f} ± {t['barrier_se']:.4f}" + (f" ({r['learn']['best_step']})" if r["learn"] else "")
                             for t, r in zip(tests, rs))
-            xs = [t["barrier"] for t in tests]
-            spread = f" ± {mean_se(xs):.4f}" if len(xs) > 1 else ""
-            per_batch = [sum(g) / len(g) for g in zip(*(t["peak_gaps"] for t in tests))]
+            mean, over_seeds, over_batches = seed_mean(tests)
+            spread = f" ± {over_seeds:.4f}" if len(tests) > 1 else ""
             acc = sum(t["accuracy_barrier"] for t in tests) / len(tests)
             moved = ", ".join(f"{k} {a}/{b}" for k, (a, b) in (rs[0]["learn"] or {}).get("reassigned", {}).items())
-            print(f"| {rs[0]['label']} | {'' if lr is None else f'{lr:g}'} | {per} | {sum(xs) / len(xs):.4f}{spread} "
-                  f"| {mean_se(per_batch):.4f} | {acc:.4f} | {moved} |")
+            print(f"| {rs[0]['label']} | {'' if lr is None else f'{lr:g}'} | {per} | {mean:.4f}{spread} "
+                  f"| {over_batches:.4f} | {acc:.4f} | {moved} |")
 
 
 if __name__ == "__main__":

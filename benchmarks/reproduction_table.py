@@ -29,6 +29,7 @@ from symmerge.barrier import PathEvaluator, summarise
 from symmerge.data import load_batches
 from symmerge.evaluate import mean_se
 from symmerge.match.learned import LearnConfig, learn, parse_lam_range
+from symmerge.match.parametrize import straight_through
 from symmerge.match.weight import weight_match
 from symmerge.merge import interpolate
 from symmerge.model import load_model
@@ -81,7 +82,7 @@ def reassigned(spec, start: dict, end: dict) -> dict[str, list[int]]:
     (zero for dual matching, whose permutations stay at the weight-matching solution)."""
     out: dict[str, list[int]] = {}
     for n, grp in spec.groups.items():
-        if grp.discrete and "signed_permutation" not in grp.constraints:
+        if straight_through(grp):
             s, e = (start[n], end[n]) if grp.kind == "permutation" else (start[n].argmax(-1), end[n].argmax(-1))
             changed, total = out.setdefault(grp.family, [0, 0])
             out[grp.family] = [changed + int((e != s).sum()), total + s.numel()]
@@ -105,6 +106,15 @@ def path_barrier(evaluator: PathEvaluator, pa: dict, pb: dict, batches: list[dic
     gaps = [per[i][j]["loss"] - ((1 - lam) * per[0][j]["loss"] + lam * per[-1][j]["loss"]) for j in range(len(n))]
     out.update(loss=loss, accuracy=acc, barrier_se=mean_se(gaps), lambdas=lams, peak_gaps=gaps)
     return out
+
+
+def seed_mean(results: list[dict]) -> tuple[float, float, float]:
+    """Mean barrier over seeds' `path_barrier` results, its standard error over seeds, and its
+    test-sampling error: the seeds share the test batches, so the spread over test batches of each
+    batch's gap averaged over seeds (each seed's gap at its own peak)."""
+    xs = [r["barrier"] for r in results]
+    per_batch = [sum(g) / len(g) for g in zip(*(r["peak_gaps"] for r in results))]
+    return sum(xs) / len(xs), mean_se(xs), mean_se(per_batch)
 
 
 def main() -> None:
@@ -158,12 +168,9 @@ def main() -> None:
         for seed in seeds if method not in (None, "weight") else [0]:
             results.append(run_row(args, key, seed, a, b, evaluator, split, wm_cache, test))
         if len(results) > 1 and not args.no_test:
-            xs = [r["barrier"] for r in results]
-            # the seeds share the test batches, so their mean has a test-sampling error of its own: the spread
-            # over test batches of each batch's gap averaged over seeds (each seed's gap at its own peak)
-            per_batch = [sum(g) / len(g) for g in zip(*(r["peak_gaps"] for r in results))]
-            print(f"| {label}, mean of seeds {args.seeds} | {sum(xs) / len(xs):.4f} ± {mean_se(xs):.4f} (over seeds), "
-                  f"± {mean_se(per_batch):.4f} (over test batches) | | | | | | | |", flush=True)
+            m, over_seeds, over_batches = seed_mean(results)
+            print(f"| {label}, mean of seeds {args.seeds} | {m:.4f} ± {over_seeds:.4f} (over seeds), "
+                  f"± {over_batches:.4f} (over test batches) | | | | | | | |", flush=True)
 
 
 def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:

@@ -88,3 +88,19 @@ def logits(model, inputs: dict) -> torch.Tensor:
     x = {k: (v.to(next(model.parameters()).dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
     with torch.no_grad():
         return model(**x).logits
+
+
+def lm_batches(n: int, seed: int, size: int = 4, length: int = 12) -> list[dict]:
+    """Synthetic language-model batches (random token ids), in the shape `symmerge.data.load_batches` returns."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 61, (size, length), generator=gen)
+        out.append({"input_ids": ids, "labels": ids.clone()})
+    return out
+
+
+def rel_distance(x: dict, y: dict) -> float:
+    """||x - y|| / ||y|| over the tensors of `y`."""
+    num = sum(float(((x[k] - y[k]) ** 2).sum()) for k in y)
+    return (num / sum(float((y[k] ** 2).sum()) for k in y)) ** 0.5

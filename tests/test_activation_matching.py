@@ -15,14 +15,14 @@ import pytest
 import torch
 import transformers as T
 
-from factories import example_inputs, logits, make_model, save_model
+from factories import example_inputs, logits, make_model, rel_distance, save_model
 from symmerge import cli
 from symmerge.apply import apply
 from symmerge.match.activation import activation_match
 from symmerge.model import load_model
 from symmerge.spec import random_element
 from symmerge.tokenizers import char_tokenizer
-from test_weight_matching import SUPPORTED, _rel
+from test_weight_matching import SUPPORTED
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -45,13 +45,13 @@ def test_planted_recovery_from_activations(arch, tmp_path):
     B = load_model(tmp_path / "a")
     g = random_element(A.spec, torch.Generator().manual_seed(2))
     B.params = apply(A.spec, g, A.params)
-    assert _rel(B.params, A.params) > 0.1
+    assert rel_distance(B.params, A.params) > 0.1
     res = activation_match(A, B, batches(arch))
-    assert _rel(apply(A.spec, res.g, B.params), A.params) <= 1e-5
+    assert rel_distance(apply(A.spec, res.g, B.params), A.params) <= 1e-5
     shuffled = dict(res.g)  # negative control: one FFN unit pair swapped
     shuffled["blocks.0.ffn"] = res.g["blocks.0.ffn"].clone()
     shuffled["blocks.0.ffn"][[0, 1]] = shuffled["blocks.0.ffn"][[1, 0]]
-    assert _rel(apply(A.spec, shuffled, B.params), A.params) > 1e-3
+    assert rel_distance(apply(A.spec, shuffled, B.params), A.params) > 1e-3
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_cli_activation_align(tmp_path, fake_data, arch):
                      "--groups", "all"]) == 0
     assert fake_data and fake_data[0][1:] == ("synthetic", "train", 8, None, 3)
     A, C = load_model(a), load_model(tmp_path / "c")
-    assert _rel(C.params, A.params) <= 1e-5
+    assert rel_distance(C.params, A.params) <= 1e-5
     x = example_inputs(arch)
     hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
     hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
@@ -123,7 +123,7 @@ def test_cli_activation_align_on_real_text(tmp_path):
                      "activation", "--data", str(tmp_path / "text.txt"), "--batch-size", "4", "--max-batches", "2",
                      "--groups", "all"]) == 0
     A, C = load_model(tmp_path / "a"), load_model(tmp_path / "c")
-    assert _rel(C.params, A.params) <= 1e-5
+    assert rel_distance(C.params, A.params) <= 1e-5
     x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
     hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
     hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from factories import ARCHS, make_model, save_model
+from factories import ARCHS, lm_batches, make_model, save_model
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
@@ -38,16 +38,6 @@ def pair(tmp_path_factory):
     return load_model(save_model(make_model("gpt2", 0), d / "a")), load_model(save_model(make_model("gpt2", 1), d / "b"))
 
 
-def batches(n: int, seed: int, size: int = 4, length: int = 12) -> list[dict]:
-    """Synthetic language-model batches (random token ids), in the shape `symmerge.data.load_batches` returns."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        ids = torch.randint(0, 61, (size, length), generator=gen)
-        out.append({"input_ids": ids, "labels": ids.clone()})
-    return out
-
-
 def quick(**kw) -> LearnConfig:
     base = dict(steps=6, lr=0.05, eval_every=3, grid_points=3, progress=False)
     return LearnConfig(**{**base, **kw})
@@ -64,27 +54,27 @@ def test_learned_output_computes_b(pair, tmp_path):
     HF checkpoint with B's logits to 1e-4."""
     a, b = pair
     init = random_element(b.spec, torch.Generator().manual_seed(3))
-    result = learn(a, b, batches(3, 0), batches(1, 1), quick(lr=0.2), init=init)
+    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), quick(lr=0.2), init=init)
     g = result.elements["B"]
     assert float((g["residual.rotation"] - init["residual.rotation"]).abs().max()) > 1e-3, "nothing was learned"
-    report = output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, batches(1, 9)[0])
+    report = output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, lm_batches(1, 9)[0])
     assert report[0]["max_logit_diff"] < 1e-4, report
     # negative control: a rotation that does not fix the all-ones vector is not a symmetry of GPT-2
     bad = dict(g, **{"residual.rotation": G._haar_orthogonal(b.shape.d_model, torch.Generator().manual_seed(0))})
-    x = batches(1, 9)[0]
+    x = lm_batches(1, 9)[0]
     assert float((_logits(b, apply(b.spec, bad, b.params), x) - _logits(b, b.params, x)).abs().max()) > 1e-3
 
 
 def test_dual_outputs_compute_a_and_b(pair, tmp_path):
     a, b = pair
     init = random_element(b.spec, torch.Generator().manual_seed(4))
-    result = learn(a, b, batches(3, 0), batches(1, 1), quick(method="dual", lr=0.2), init=init)
+    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), quick(method="dual", lr=0.2), init=init)
     assert float((result.elements["A"]["residual.rotation"] - torch.eye(24, dtype=torch.float64)).abs().max()) > 1e-3
     assert all(torch.equal(result.elements["B"][n], init[n]) for n in ("blocks.0.heads", "blocks.1.ffn")), \
         "dual matching must keep the absorbed permutations"
     pairs = save_outputs(result, a, b, tmp_path / "dual")
     assert [p[1].name for p in pairs] == ["A", "B"]
-    for row in output_report(pairs, a.shape.hf_class, batches(1, 9)[0]):
+    for row in output_report(pairs, a.shape.hf_class, lm_batches(1, 9)[0]):
         assert row["max_logit_diff"] < 1e-4, row
 
 
@@ -94,8 +84,8 @@ def test_planted_problem_is_solved(pair):
     a, _ = pair
     gstar = random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5)
     b = dataclasses.replace(a, params=apply(a.spec, gstar, a.params))
-    val = batches(2, 1)
-    result = learn(a, b, batches(4, 0), val, LearnConfig(groups=CONTINUOUS, steps=60, lr=0.02, eval_every=15,
+    val = lm_batches(2, 1)
+    result = learn(a, b, lm_batches(4, 0), val, LearnConfig(groups=CONTINUOUS, steps=60, lr=0.02, eval_every=15,
                                                             lam_range=(0.5, 0.5), grid_points=3, progress=False))
     rep = result.report
     loss_a, mid_before, mid_after = rep["losses_before"][0], rep["losses_before"][1], rep["losses_after"][1]
@@ -111,7 +101,7 @@ def test_planted_problem_is_solved(pair):
 def test_resume_equals_uninterrupted(pair, tmp_path):
     a, b = pair
     init = random_element(b.spec, torch.Generator().manual_seed(6))
-    train, val = batches(3, 0), batches(1, 1)
+    train, val = lm_batches(3, 0), lm_batches(1, 1)
     cfg = quick(steps=8, lr=0.1, seed=11, checkpoint_every=100)
     whole = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "whole")
     with pytest.raises(Interrupted, match="--resume"):
@@ -122,7 +112,7 @@ def test_resume_equals_uninterrupted(pair, tmp_path):
         assert torch.equal(t, resumed.elements["B"][n]), n
     assert whole.report["history"] == resumed.report["history"]
     # negative control: another seed takes other batches and lambdas, so the result differs
-    other = learn(a, b, train + batches(2, 5), val, dataclasses.replace(cfg, seed=12), init=init)
+    other = learn(a, b, train + lm_batches(2, 5), val, dataclasses.replace(cfg, seed=12), init=init)
     assert not torch.equal(other.elements["B"]["residual.rotation"], whole.elements["B"]["residual.rotation"])
     with pytest.raises(SymmergeError, match="lr=0.1"):
         learn(a, b, train, val, dataclasses.replace(cfg, lr=0.2), init=init, checkpoint=tmp_path / "cut", resume=True)
@@ -131,7 +121,7 @@ def test_resume_equals_uninterrupted(pair, tmp_path):
 def test_best_state_kept_and_early_stopping(pair):
     a, b = pair
     cfg = quick(steps=30, lr=0.3, eval_every=2, patience=2, seed=1)
-    result = learn(a, b, batches(3, 0), batches(1, 1), cfg)
+    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), cfg)
     rep = result.report
     assert rep["stopped_early"] and rep["steps"] < 30
     assert rep["barrier_after"] == min(h["barrier"] for h in rep["history"])
@@ -140,7 +130,7 @@ def test_best_state_kept_and_early_stopping(pair):
     # permutation: continuous slots at the identity would move the element by rounding, 1e-16)
     learner = Learner(a, b, LearnConfig(groups=["head_perm"]), None)
     learner.base["B"] = result.elements["B"]
-    curve = learner.curve(batches(1, 1), [0.0, 0.5, 1.0])
+    curve = learner.curve(lm_batches(1, 1), [0.0, 0.5, 1.0])
     assert curve[1] == pytest.approx(rep["losses_after"][1], abs=1e-6)
 
 
@@ -183,7 +173,7 @@ def test_straight_through_permutations(pair):
         assert torch.allclose(fast[k], reference[k], rtol=1e-5, atol=1e-6), k
     other = latent_grads(learner.spec, {k: w.flip(-1) for k, w in weights.items()})
     assert any(not torch.allclose(other[k], reference[k], rtol=1e-5, atol=1e-6) for k in reference)
-    learner.loss(batches(1, 0)[0], 0.5).backward()
+    learner.loss(lm_batches(1, 0)[0], 0.5).backward()
     for s in learner.slots:
         grads = s.raw["latent"].grad if s.param is None else next(iter(s.raw.values())).grad
         assert float(grads.abs().max()) > 0, s.key
@@ -194,7 +184,7 @@ def test_interpolated_loss_handles_the_residual_scale(pair):
     A's logits (float64). Negative control: without the rescale they change."""
     a, _ = pair
     obj = Objective(a, torch.float64)
-    batch = batches(1, 0)[0]
+    batch = lm_batches(1, 0)[0]
     scaled = apply(a.spec, {"residual.scale": torch.tensor(0.01, dtype=torch.float64)}, a.params)
     base = obj.forward(a.params, batch).logits
     assert float((obj.forward(scaled, batch).logits - base).abs().max()) < 1e-10
@@ -204,7 +194,7 @@ def test_interpolated_loss_handles_the_residual_scale(pair):
 
 def test_bad_input_is_refused(pair, tmp_path):
     a, b = pair
-    train, val = batches(1, 0), batches(1, 1)
+    train, val = lm_batches(1, 0), lm_batches(1, 1)
     for lam in [(-0.1, 0.5), (0.6, 0.4), (0.5, 1.2)]:
         with pytest.raises(SymmergeError, match="lam-range"):
             learn(a, b, train, val, quick(lam_range=lam))
@@ -227,7 +217,7 @@ def _arch_batches(arch: str, n: int, seed: int) -> list[dict]:
     if arch == "vit":
         return [{"pixel_values": torch.randn(3, 1, 8, 8, generator=gen, dtype=torch.float64),
                  "labels": torch.randint(0, 10, (3,), generator=gen)} for _ in range(n)]
-    return batches(n, seed, size=3, length=10)
+    return lm_batches(n, seed, size=3, length=10)
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gpt2"])
@@ -263,11 +253,11 @@ def test_absolute_anchor_with_cayley_signs(pair, tmp_path):
     init = random_element(b.spec, torch.Generator().manual_seed(seed))
     polar = "qk_map=polar,ov_map=polar"
     with pytest.raises(SymmergeError, match="cayley-signs"):
-        learn(a, b, batches(2, 0), batches(1, 1), quick(anchor="absolute", param=f"residual_rotation=cayley,{polar}"), init=init)
-    result = learn(a, b, batches(2, 0), batches(1, 1),
+        learn(a, b, lm_batches(2, 0), lm_batches(1, 1), quick(anchor="absolute", param=f"residual_rotation=cayley,{polar}"), init=init)
+    result = learn(a, b, lm_batches(2, 0), lm_batches(1, 1),
                    quick(anchor="absolute", param=f"residual_rotation=cayley-signs,{polar}", lr=0.1), init=init)
     assert result.report["parameterisation"]["residual.rotation"] == "cayley-signs"
-    for row in output_report(save_outputs(result, a, b, tmp_path / "abs"), b.shape.hf_class, batches(1, 9)[0]):
+    for row in output_report(save_outputs(result, a, b, tmp_path / "abs"), b.shape.hf_class, lm_batches(1, 9)[0]):
         assert row["max_logit_diff"] < 1e-4, row
 
 
@@ -288,12 +278,12 @@ def test_learned_align_one_call(pair, tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(SymmergeError, match="not empty"):
-        learned_align(a, b, batches(2, 0), batches(1, 1), cfg, tmp_path / "full")
+        learned_align(a, b, lm_batches(2, 0), lm_batches(1, 1), cfg, tmp_path / "full")
     with pytest.raises(Interrupted):
-        learn(a, b, batches(2, 0), batches(1, 1), cfg, checkpoint=checkpoint_folder(out), on_step=lambda s: s == 2)
+        learn(a, b, lm_batches(2, 0), lm_batches(1, 1), cfg, checkpoint=checkpoint_folder(out), on_step=lambda s: s == 2)
     with pytest.raises(SymmergeError, match="--resume"):
-        learned_align(a, b, batches(2, 0), batches(1, 1), cfg, out)
-    report = learned_align(a, b, batches(2, 0), batches(1, 1), cfg, out, resume=True)
+        learned_align(a, b, lm_batches(2, 0), lm_batches(1, 1), cfg, out)
+    report = learned_align(a, b, lm_batches(2, 0), lm_batches(1, 1), cfg, out, resume=True)
     assert report["steps"] == 4 and report["outputs"][0]["max_logit_diff"] < 1e-4
     assert (out / "config.json").is_file() and not checkpoint_folder(out).exists()
     json.dumps(report)  # the report is JSON as it stands
@@ -333,7 +323,7 @@ def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
     ga = random_element(a.spec, gen, CONTINUOUS)
     gb = random_element(a.spec, gen, CONTINUOUS)
     one_sided = compose(a.spec, inverse(a.spec, ga), gb)  # first gB, then gA^-1
-    batch = batches(1, 3)[0]
+    batch = lm_batches(1, 3)[0]
     for lam in (0.3, 0.5):
         dual = interpolate(apply(a.spec, ga, a.params), apply(a.spec, gb, b.params), lam)
         single = interpolate(a.params, apply(a.spec, one_sided, b.params), lam)
@@ -354,7 +344,7 @@ def test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice(pair, para
     # continuous start: with permutations in it, one-sided maps act before them and dual's after, so
     # the same maps would sit under other head indices
     init = random_element(b.spec, torch.Generator().manual_seed(8), CONTINUOUS)
-    batch = batches(1, 4)[0]
+    batch = lm_batches(1, 4)[0]
 
     def grads(method, lam):
         learner = Learner(a, b, LearnConfig(method=method, groups=CONTINUOUS, param=param, dtype="float64"), init)

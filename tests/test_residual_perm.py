@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers as T
 
-from factories import example_inputs, logits, make_model, save_model
+from factories import example_inputs, lm_batches, logits, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
 from symmerge import groups as G
 from symmerge.apply import apply
@@ -20,16 +20,6 @@ from symmerge.model import load_model
 from symmerge.spec import random_element
 
 PERMS_ONLY = ["residual_perm", "head_perm", "ffn_perm"]
-
-
-def _rel(x: dict, y: dict) -> float:
-    num = sum(float(((x[k] - y[k]) ** 2).sum()) for k in y)
-    return (num / sum(float((y[k] ** 2).sum()) for k in y)) ** 0.5
-
-
-def _batches(n: int, seed: int) -> list[dict]:
-    gen = torch.Generator().manual_seed(seed)
-    return [{"input_ids": (ids := torch.randint(0, 61, (4, 12), generator=gen)), "labels": ids.clone()} for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +57,11 @@ def test_cli_permutations_only_recovers_a_planted_permutation(tmp_path, arch):
     hf_a, hf_b = (T.AutoModelForCausalLM.from_pretrained(tmp_path / n).eval() for n in ("a", "b"))
     assert float((logits(hf_b, x) - logits(hf_a, x)).abs().max()) <= 1e-4
     A, B = load_model(tmp_path / "a"), load_model(tmp_path / "b")
-    assert _rel(B.params, A.params) > 0.1, "the planted element must move the weights"
+    assert rel_distance(B.params, A.params) > 0.1, "the planted element must move the weights"
     assert cli.main(["align", str(a), str(tmp_path / "b"), "-o", str(tmp_path / "c"), "--groups", groups]) == 0
-    assert _rel(load_model(tmp_path / "c").params, A.params) <= 1e-5
+    assert rel_distance(load_model(tmp_path / "c").params, A.params) <= 1e-5
     without = weight_match(B.spec, A.params, B.params, ["head_perm", "ffn_perm"], max_iters=10)
-    assert _rel(apply(B.spec, without.g, B.params), A.params) > 0.1
+    assert rel_distance(apply(B.spec, without.g, B.params), A.params) > 0.1
 
 
 def test_learned_permutations_only_moves_the_residual_permutation_and_keeps_b(gpt2_pair, tmp_path):
@@ -84,7 +74,7 @@ def test_learned_permutations_only_moves_the_residual_permutation_and_keeps_b(gp
     learner = Learner(a, b, LearnConfig(groups=PERMS_ONLY, progress=False), init)
     slot = next(s for s in learner.slots if s.group == "residual.rotation")
     assert slot.param is None, "the residual permutation is discrete: straight-through, not parameterised"
-    batch = _batches(1, 0)[0]
+    batch = lm_batches(1, 0)[0]
     learner.loss(batch, 0.5).backward()
     grad = slot.raw["latent"].grad.clone()
     assert float(grad.abs().max()) > 0
@@ -98,18 +88,18 @@ def test_learned_permutations_only_moves_the_residual_permutation_and_keeps_b(gp
     assert torch.allclose(grad, leaf.grad, rtol=1e-4, atol=1e-6)
 
     cfg = LearnConfig(groups=PERMS_ONLY, steps=6, lr=0.5, eval_every=3, grid_points=3, progress=False)
-    result = learn(a, b, _batches(3, 0), _batches(1, 1), cfg, init=init)
+    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), cfg, init=init)
     r = result.elements["B"]["residual.rotation"]
     assert sorted(r.argmax(1).tolist()) == list(range(r.shape[0])) and torch.equal(r, r.round())
     assert result.report["best_step"] > 0 and result.report["barrier_after"] < result.report["barrier_before"]
     assert int((r != init["residual.rotation"]).any(dim=1).sum()) > 0, "lr 0.5 must reassign the residual permutation"
-    report = output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, _batches(1, 9)[0])
+    report = output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, lm_batches(1, 9)[0])
     assert report[0]["max_logit_diff"] < 1e-4, report
 
 
 def test_activation_matching_over_permutations_only(gpt2_pair):
     a, b = gpt2_pair
-    res = activation_match(a, b, _batches(2, 0), PERMS_ONLY)
+    res = activation_match(a, b, lm_batches(2, 0), PERMS_ONLY)
     r = res.g["residual.rotation"]
     assert not torch.equal(r, torch.eye(r.shape[0], dtype=r.dtype))
     assert G.membership_error(b.spec.restricted(PERMS_ONLY).groups["residual.rotation"], r) == 0.0

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers as T
 
-from factories import ARCHS, example_inputs, logits, make_model, save_model
+from factories import ARCHS, example_inputs, logits, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.apply import apply
@@ -83,11 +83,6 @@ def test_monotone_detects_a_decrease():
     assert monotone([0.1, 0.5, 0.5 - 1e-15, 0.9]) and not monotone([0.1, 0.5, 0.4999, 0.9])
 
 
-def _rel(x: dict, y: dict) -> float:
-    num = sum(float(((x[k] - y[k]) ** 2).sum()) for k in y)
-    return (num / sum(float((y[k] ** 2).sum()) for k in y)) ** 0.5
-
-
 def _planted(spec: Spec, params: dict, families, seed: int):
     g = random_element(spec, torch.Generator().manual_seed(seed), families)
     B = apply(spec, g, params)
@@ -102,8 +97,8 @@ def _planted(spec: Spec, params: dict, families, seed: int):
 def test_planted_recovery_real_architectures(arch, fams, tmp_path):
     model = load_model(save_model(make_model(arch, 0), tmp_path / "a"))
     B, res = _planted(model.spec, model.params, FAMILY_SETS[fams], seed=5)
-    assert _rel(B, model.params) > 0.1, "the planted element must move the weights"
-    assert _rel(apply(model.spec, res.g, B), model.params) <= 1e-5
+    assert rel_distance(B, model.params) > 0.1, "the planted element must move the weights"
+    assert rel_distance(apply(model.spec, res.g, B), model.params) <= 1e-5
     assert monotone(res.history)
 
 
@@ -114,8 +109,8 @@ def test_planted_recovery_synthetic_shapes(name, fams):
     spec, params = build_spec(shape), synthetic_params(shape, 3)
     families = [f for f in (FAMILY_SETS[fams] or spec.families()) if f in spec.families()]
     B, res = _planted(spec, params, families, seed=11)
-    assert _rel(B, params) > 0.1
-    assert _rel(apply(spec, res.g, B), params) <= 1e-5
+    assert rel_distance(B, params) > 0.1
+    assert rel_distance(apply(spec, res.g, B), params) <= 1e-5
     assert monotone(res.history)
 
 
@@ -124,16 +119,16 @@ def test_negative_controls_do_not_recover():
     shape = SYNTHETIC["llama_gqa"]
     spec, params = build_spec(shape), synthetic_params(shape, 3)
     B, res = _planted(spec, params, None, seed=11)
-    assert _rel(apply(spec, res.g, B), params) <= 1e-5
+    assert rel_distance(apply(spec, res.g, B), params) <= 1e-5
     shuffled = dict(res.g)
     shuffled["blocks.0.ffn"] = res.g["blocks.0.ffn"].roll(1)
-    assert _rel(apply(spec, shuffled, B), params) > 1e-2
+    assert rel_distance(apply(spec, shuffled, B), params) > 1e-2
     # the QK map acting on W_K by G instead of G^{-T}
     wrong = {k: [Action(a.group, a.axis, "g", a.batch_axes) if a.group == "blocks.1.qk" else a for a in v]
              for k, v in spec.actions.items()}
-    assert _rel(apply(Spec(spec.shape, spec.groups, wrong), res.g, B), params) > 1e-2
+    assert rel_distance(apply(Spec(spec.shape, spec.groups, wrong), res.g, B), params) > 1e-2
     # and the inverse of the found element is not the found element
-    assert _rel(apply(spec, inverse(spec, res.g), B), params) > 1e-2
+    assert rel_distance(apply(spec, inverse(spec, res.g), B), params) > 1e-2
 
 
 # --- end to end through the CLI ------------------------------------------------------------------
@@ -149,7 +144,7 @@ def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     assert _cli("transform", a, "-o", tmp_path / "b", "--seed", 4) == 0
     assert _cli("align", a, tmp_path / "b", "-o", tmp_path / "c", "--json", tmp_path / "r.json", "--groups", "all") == 0
     A, B, C = (load_model(tmp_path / x) for x in ("a", "b", "c"))
-    assert _rel(C.params, A.params) <= 1e-5
+    assert rel_distance(C.params, A.params) <= 1e-5
     hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
     hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
     x = example_inputs(arch)

@@ -45,7 +45,7 @@ from ..merge import check_compatible
 from ..model import Model
 from ..spec import Spec, compose, identity_element
 from .objective import Objective, grid, interpolate
-from .parametrize import Parametrization, learnable, parametrization, resolve_methods
+from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 
 METHODS = ("learned", "dual")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -165,8 +165,7 @@ class Learner:
             selected = [n for n in selected if self.spec.groups[n].family != "residual_scale"]
         self.dual = cfg.method == "dual"
         cont = [n for n in selected if learnable(self.spec.groups[n])]
-        ste = [] if self.dual else [n for n in selected if self.spec.groups[n].discrete
-                                    and "signed_permutation" not in self.spec.groups[n].constraints]
+        ste = [] if self.dual else [n for n in selected if straight_through(self.spec.groups[n])]
         if not cont and not ste:
             raise SymmergeError(f"{cfg.method} matching has nothing to learn in {cfg.groups or 'all groups'}: "
                                 "dual matching learns continuous groups only; signed permutations stay fixed")

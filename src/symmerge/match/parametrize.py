@@ -234,6 +234,12 @@ def learnable(group: G.Group) -> bool:
     return not group.discrete
 
 
+def straight_through(group: G.Group) -> bool:
+    """Permutations, as index vectors or as permutation matrices, are learned by a straight-through
+    estimator; signed permutations (clip_qkv) stay fixed."""
+    return group.discrete and "signed_permutation" not in group.constraints
+
+
 def parametrization(group: G.Group, method: str) -> Parametrization:
     """The parameterisation of `group` by `method` ("log" for scales), or a SymmergeError saying why not."""
     if not learnable(group):

@@ -9,9 +9,9 @@ with X_T = B's tensor under every *other* group (flattened to `[d, m]` along the
 the whole objective in (R, a) is a function of two d x d cross-covariances (scaled and unscaled
 tensors), two norms and a constant, summed over the model: `ResidualFit.add` takes one part at a
 time (the embeddings, one block, the head), which is what lets weight matching stream a checkpoint
-that does not fit in memory. `solve` alternates the two exact minimisers (Procrustes for R given a -- an assignment when R is restricted to
-permutations --
-least squares for a given R), each of which can only lower the objective.
+that does not fit in memory. `solve` alternates the two exact minimisers (Procrustes for R given a,
+an assignment when R is restricted to permutations; least squares for a given R), each of which can
+only lower the objective.
 """
 
 from __future__ import annotations
