@@ -166,3 +166,30 @@ def test_demo_presets_build_stock_models_of_their_shape():
     neox = lm_config("neox", get_preset("neox", "demo"), 65, 0, 0)
     shape = adapter_for(neox).shape(neox)  # partial rotary, read the way symmerge reads any checkpoint
     assert shape.rotary_dims == shape.d_head // 4 > 0
+
+
+def test_shape_overrides_train_a_model_of_that_shape(tmp_path, text_file, capsys):
+    """`--d-model/--layers/--heads/--kv-heads/--d-mlp` change the preset's shape (width sweeps); the stock
+    config has that shape, symmerge.json records it, a resume must use the same shape, bad shapes fail clearly."""
+    out = tmp_path / "w"
+    assert main(["train", "--arch", "llama", "--data", str(text_file), "-o", str(out), "--steps", "2", "--d-model", "48",
+                 "--heads", "6", "--kv-heads", "3", "--d-mlp", "40", "--layers", "1"]) == 0
+    c = T.LlamaConfig.from_pretrained(out)
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.num_hidden_layers) == \
+        (48, 6, 3, 40, 1)
+    assert record(out)["preset_values"]["d_model"] == 48 and record(out)["shape"]["kv_heads"] == 3
+    base = dict(arch="gpt2", preset="tiny", data=str(text_file), seed=0, progress=False, steps=4)
+    train(TrainArgs(**base, out=str(tmp_path / "r"), stop_after=2, shape={"d_model": 16}))
+    with pytest.raises(SymmergeError, match="different settings"):  # the preset's width is another run
+        train(TrainArgs(**base, out=str(tmp_path / "r"), resume=True))
+    assert T.GPT2Config.from_pretrained(train(TrainArgs(**base, out=str(tmp_path / "r"), resume=True,
+                                                        shape={"d_model": 16}))).n_embd == 16
+    for shape, msg in (({"d_model": 30}, "not divisible by 4 heads"), ({"kv_heads": 2}, "applies to llama"),
+                       ({"d_mlp": 0}, "positive integers"), ({"context": 8}, "cannot override")):
+        with pytest.raises(SymmergeError, match=msg):
+            train(TrainArgs(**base, out=str(tmp_path / "bad"), shape=shape))
+    with pytest.raises(SymmergeError, match="multiple of --kv-heads"):
+        train(TrainArgs(**(base | {"arch": "llama"}), out=str(tmp_path / "bad"), shape={"kv_heads": 3}))
+    assert not (tmp_path / "bad").exists()
+    assert main(["train", "--arch", "neox", "--data", str(text_file), "-o", str(tmp_path / "n"), "--d-model", "24",
+                 "--heads", "2"]) == 2 and "rotary" in capsys.readouterr().err

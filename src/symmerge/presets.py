@@ -10,7 +10,7 @@ function of the seed alone, and a resumed run can equal an uninterrupted one).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from . import SymmergeError
 
@@ -78,6 +78,34 @@ def get_preset(arch: str, name: str) -> Preset:
     if name not in PRESETS[arch]:
         raise SymmergeError(f"unknown preset {name!r} for {arch}; choose one of {', '.join(PRESETS[arch])}")
     return PRESETS[arch][name]
+
+
+#: the preset fields `symmerge train` may override (`--d-model`, `--layers`, `--heads`, `--kv-heads`, `--d-mlp`)
+SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
+
+
+def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
+    """`p` with some of its shape replaced (width sweeps); checks that the result is a valid model."""
+    shape = {k: v for k, v in (shape or {}).items() if v is not None}
+    unknown = set(shape) - set(SHAPE_FIELDS)
+    if unknown:
+        raise SymmergeError(f"cannot override {sorted(unknown)}; the shape fields are {', '.join(SHAPE_FIELDS)}")
+    bad = {k: v for k, v in shape.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise SymmergeError(f"shape overrides must be positive integers, got {bad}")
+    if "kv_heads" in shape and arch != "llama":
+        raise SymmergeError(f"--kv-heads applies to llama (grouped-query attention), not {arch}")
+    q = replace(p, **shape)
+    if q.d_model % q.heads:
+        raise SymmergeError(f"width {q.d_model} is not divisible by {q.heads} heads; change --d-model or --heads")
+    if arch == "neox" and (q.d_model // q.heads) % 8:
+        raise SymmergeError(f"GPT-NeoX's rotary quarter needs a head width divisible by 8, got {q.d_model // q.heads}")
+    if arch in ("llama", "olmo") and (q.d_model // q.heads) % 2:
+        raise SymmergeError(f"RoPE needs an even head width, got {q.d_model // q.heads}")
+    if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
+        raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
+                            "multiple of --kv-heads")
+    return q
 
 
 def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):

@@ -32,7 +32,7 @@ from . import SymmergeError
 from .data import load_items, read_text
 from .images import is_image_source, load_images, processor_config, write_processor_config
 from .io import AtomicFolder, prepare_output
-from .presets import HF_CLASSES, Preset, get_preset, lm_config, vit_config
+from .presets import HF_CLASSES, Preset, get_preset, lm_config, reshaped, vit_config
 from .tokenizers import build_tokenizer
 
 STATE = ".train_state"
@@ -59,10 +59,13 @@ class TrainArgs:
     force: bool = False
     progress: bool = True
     stop_after: int | None = None  # save the state and stop after this many steps (simulates an interruption)
+    shape: dict | None = None  # overrides of the preset's shape (presets.SHAPE_FIELDS), e.g. {"d_model": 256}
 
     def run_key(self, p: Preset) -> dict:
         """The settings a resumed run must share with the interrupted one."""
-        return {"arch": self.arch, "preset": self.preset, "data": str(self.data), "seed": self.seed,
+        shape = {k: v for k, v in (self.shape or {}).items() if v is not None}
+        return ({"shape": shape} if shape else {}) | {
+                "arch": self.arch, "preset": self.preset, "data": str(self.data), "seed": self.seed,
                 "tokenizer": self.tokenizer if self.arch != "vit" else None, "vocab_size": self.vocab_size,
                 "steps": self.steps or p.steps, "batch_size": self.batch_size or p.batch_size, "lr": self.lr or p.lr,
                 "warmup": p.warmup if self.warmup is None else self.warmup}
@@ -233,7 +236,7 @@ def _final_eval(model, skeleton: Path, args: TrainArgs, bs: int, context: int | 
 
 def train(args: TrainArgs) -> Path:
     """Train (or resume) and write a stock HF checkpoint to `args.out`; returns the path."""
-    p = get_preset(args.arch, args.preset)
+    p = reshaped(args.arch, get_preset(args.arch, args.preset), args.shape)
     out = Path(args.out)
     skeleton, info = _prepare(args, p, out)
     state_dir = out / STATE

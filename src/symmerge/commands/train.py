@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..presets import ARCHS
+from ..presets import ARCHS, SHAPE_FIELDS
 
 
 def register(sub) -> None:
@@ -20,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
     p.add_argument("--warmup", type=int, default=None, help="linear warmup steps (default: the preset's)")
     p.add_argument("--save-every", type=int, default=None, help="save the resumable state every N steps")
+    for flag, what in (("--d-model", "residual width"), ("--layers", "number of blocks"), ("--heads", "attention heads"),
+                       ("--kv-heads", "key/value heads (llama)"), ("--d-mlp", "FFN width")):
+        p.add_argument(flag, type=int, default=None, help=f"{what} (default: the preset's)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run saved in OUT/.train_state")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (results are bitwise reproducible for a fixed count)")
@@ -36,7 +39,7 @@ def run(args) -> int:
     targs = TrainArgs(arch=args.arch, preset=args.preset, data=args.data, seed=args.seed, out=args.out,
                       tokenizer=args.tokenizer, gpt2_bpe=args.gpt2_bpe, vocab_size=args.vocab_size, steps=args.steps,
                       batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, save_every=args.save_every, resume=args.resume,
-                      force=args.force)
+                      force=args.force, shape={k: getattr(args, k) for k in SHAPE_FIELDS})
     out = train(targs)
     import json
 
