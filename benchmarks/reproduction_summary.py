@@ -16,12 +16,13 @@ from reproduction_table import seed_mean
 
 
 def rows(path: str) -> dict[tuple, list[dict]]:
-    """JSON lines grouped by (row, learning rate); weight-only rows have no learning rate."""
+    """JSON lines grouped by (row, learning rate); weight-only rows have no learning rate. Lines written
+    before the rate was recorded get it from the run's arguments as `run_row` chose it."""
     out: dict[tuple, list[dict]] = {}
     for line in open(path):
         r = json.loads(line)
-        lr = None
-        if r["learn"]:
+        lr = r.get("lr")
+        if "lr" not in r and r["learn"]:
             lr = r["args"]["dual_lr"] if r["row"].startswith("dual") and r["args"].get("dual_lr") else r["args"]["lr"]
         out.setdefault((r["row"], lr), []).append(r)
     return out

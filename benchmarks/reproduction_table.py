@@ -176,7 +176,7 @@ def main() -> None:
 def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
     """One row for one learning seed: prints the table line, appends the JSON line, returns the test figures."""
     label, method, drop, add, param = ROWS[key]
-    pa, pb, rep, fams, seconds = a.params, b.params, {}, None, 0.0
+    pa, pb, rep, fams, seconds, lr = a.params, b.params, {}, None, 0.0, None
     if method is not None:
         fams = families_for(b.spec, drop, add)
         if tuple(fams) not in wm_cache:
@@ -210,8 +210,8 @@ def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
           f"{res['loss'][0]:.3f} | {res['loss'][5]:.3f} | {res['loss'][-1]:.3f} | {steps} | {val} | {seconds:.0f} |",
           flush=True)
     if args.json:
-        line = {"row": key, "label": label, "seed": seed, "families": fams, "param": param, "seconds": seconds, "test": res,
-                "learn": rep, "args": vars(args)}
+        line = {"row": key, "label": label, "seed": seed, "families": fams, "param": param, "lr": lr, "seconds": seconds,
+                "test": res, "learn": rep, "args": vars(args)}
         with open(args.json, "a") as f:
             f.write(json.dumps(line, default=str) + "\n")
     return res

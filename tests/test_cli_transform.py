@@ -85,6 +85,7 @@ def test_transform_preserves_function_of_unseen_checkpoints(name, trained, tmp_p
     assert main(["inspect", str(src)]) == 0
     text = capsys.readouterr().out
     assert "residual_rotation" in text and "ffn_perm" in text and f"{info['parameters']:,} parameters" in text
+    assert "residual_perm" in text and any("residual_perm" in n for n in info["notes"])  # the selectable subgroup
 
     out = tmp_path / "out"
     assert main(["transform", str(src), "-o", str(out), "--seed", "7"]) == 0

@@ -26,6 +26,14 @@ def describe(model: LazyModel) -> dict:
     return {
         "path": str(model.path), "arch": model.shape.arch, "hf_class": model.shape.hf_class,
         "shape": model.shape.to_dict(), "parameters": n_params, "families": families,
-        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes,
+        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes + _subgroup_notes(model),
         "dtype": str(model.dtype).replace("torch.", ""),
     }
+
+
+def _subgroup_notes(model: LazyModel) -> list[str]:
+    """The selectable subgroups that are not families of their own in the spec."""
+    if "residual.rotation" not in model.spec.groups:
+        return []
+    return ["--groups residual_perm (instead of residual_rotation) restricts the residual rotation to permutation "
+            "matrices: permutation-only matching"]
