@@ -2,7 +2,8 @@
 and test data.
 
     PYTHONPATH=src python benchmarks/barrier_by_split.py A B DATA [--row dual] [--seed 0] [--steps 1600]
-        [--lr 5e-3] [--batch-size 64] [--train-batches 400] [--val-batches 16] [--eval-batches 140]
+        [--lr 5e-3] [--lam-range 0.4,0.6] [--val-points 5] [--batch-size 64] [--train-batches 400] [--val-batches 16]
+        [--eval-batches 140]
 
 Learns one `reproduction_table.py` row exactly as that script does (same seed, data and settings give
 the same elements), then measures the 11-point barrier on three sets of `--eval-batches` batches:
@@ -18,13 +19,10 @@ import argparse
 import json
 
 import torch
-from reproduction_table import ROWS, families_for, path_barrier
+from reproduction_table import ROWS, families_for, learn_row, path_barrier, weight_start
 
-from symmerge.apply import apply
 from symmerge.barrier import PathEvaluator
 from symmerge.data import load_batches
-from symmerge.match.learned import LearnConfig, learn
-from symmerge.match.weight import weight_match
 from symmerge.model import load_model
 
 
@@ -36,8 +34,10 @@ def main() -> None:
     ap.add_argument("--row", default="dual", choices=[k for k, v in ROWS.items() if v[1] in ("learned", "dual")])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1600)
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--lr", type=float, default=5e-3, help="the row's learning rate")
     ap.add_argument("--lam-range", default="0.4,0.6")
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--val-points", type=int, default=5, help="λ grid of the validation barrier (endpoints included)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--train-batches", type=int, default=400)
     ap.add_argument("--val-batches", type=int, default=16, help="validation batches that choose the best state")
@@ -55,15 +55,9 @@ def main() -> None:
     if len(held_out) < k or len(train) < k:
         raise SystemExit(f"not enough data for {k} evaluation batches of {bs} in every split; lower --eval-batches")
 
-    _, method, drop, add, param = ROWS[args.row]
+    _, _, drop, add, _ = ROWS[args.row]
     fams = families_for(b.spec, drop, add)
-    g0 = weight_match(b.spec, a.params, b.params, fams, max_iters=20).g
-    lo, hi = (float(x) for x in args.lam_range.split(","))
-    cfg = LearnConfig(method=method, groups=fams, param=param, steps=args.steps, lr=args.lr, seed=args.seed,
-                      lam_range=(lo, hi), eval_every=50, progress=False)
-    r = learn(a, b, train, val, cfg, init=g0)
-    pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
-    pb = apply(b.spec, r.elements["B"], b.params)
+    pa, pb, r = learn_row(args, args.row, args.seed, args.lr, a, b, fams, weight_start(a, b, fams), train, val)
     evaluator = PathEvaluator(a)
     out = {"row": args.row, "seed": args.seed, "args": vars(args), "validation_barrier_used": r.report["barrier_after"]}
     print(f"{args.row}, seed {args.seed}: validation barrier (the {args.val_batches} choosing batches) "

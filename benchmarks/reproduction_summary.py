@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from reproduction_table import seed_mean
+from reproduction_table import ROWS, row_lr, seed_mean
 
 
 def rows(path: str) -> dict[tuple, list[dict]]:
@@ -23,7 +23,7 @@ def rows(path: str) -> dict[tuple, list[dict]]:
         r = json.loads(line)
         lr = r.get("lr")
         if "lr" not in r and r["learn"]:
-            lr = r["args"]["dual_lr"] if r["row"].startswith("dual") and r["args"].get("dual_lr") else r["args"]["lr"]
+            lr = row_lr(ROWS[r["row"]][1], r["args"]["lr"], r["args"].get("dual_lr"))
         out.setdefault((r["row"], lr), []).append(r)
     return out
 

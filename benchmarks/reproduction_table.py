@@ -173,6 +173,29 @@ def main() -> None:
                   f"± {over_batches:.4f} (over test batches) | | | | | | | |", flush=True)
 
 
+def row_lr(method: str, lr: float, dual_lr: float | None) -> float:
+    """The learning rate of a row: `--dual-lr` for the dual rows when given, else `--lr`."""
+    return dual_lr if method == "dual" and dual_lr else lr
+
+
+def weight_start(a, b, fams: list[str]) -> dict:
+    """The weight-matching solution every learning row starts from."""
+    return weight_match(b.spec, a.params, b.params, fams, max_iters=20).g
+
+
+def learn_row(args, key: str, seed: int, lr: float, a, b, fams: list[str], g0: dict, train: list, val: list):
+    """Learn row `key` from `g0` at rate `lr` with the table's other settings (`args`: steps, lam_range,
+    eval_every, val_points); returns the two endpoints' aligned parameters and the learning result."""
+    _, method, _, _, param = ROWS[key]
+    learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
+    cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps,
+                      lr=lr, seed=seed, lam_range=parse_lam_range(args.lam_range),
+                      eval_every=args.eval_every, grid_points=args.val_points, progress=False)
+    r = learn(a, b, train, val, cfg, init=g0)
+    pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
+    return pa, apply(b.spec, r.elements["B"], b.params), r
+
+
 def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
     """One row for one learning seed: prints the table line, appends the JSON line, returns the test figures."""
     label, method, drop, add, param = ROWS[key]
@@ -181,20 +204,14 @@ def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
         fams = families_for(b.spec, drop, add)
         if tuple(fams) not in wm_cache:
             t1 = time.perf_counter()
-            wm_cache[tuple(fams)] = (weight_match(b.spec, a.params, b.params, fams, max_iters=20).g,
-                                     time.perf_counter() - t1)
+            wm_cache[tuple(fams)] = (weight_start(a, b, fams), time.perf_counter() - t1)
         g0, seconds = wm_cache[tuple(fams)]  # a cached start still counts its time
         pb = apply(b.spec, g0, b.params)
         if method != "weight":
-            learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
-            lr = args.dual_lr if method == "dual" and args.dual_lr else args.lr
-            cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps, lr=lr, seed=seed,
-                              lam_range=parse_lam_range(args.lam_range),
-                              eval_every=args.eval_every, grid_points=args.val_points, progress=False)
+            lr = row_lr(method, args.lr, args.dual_lr)
             t0 = time.perf_counter()
-            r = learn(a, b, split("train", args.train_batches), split("validation", args.val_batches), cfg, init=g0)
-            pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
-            pb = apply(b.spec, r.elements["B"], b.params)
+            pa, pb, r = learn_row(args, key, seed, lr, a, b, fams, g0, split("train", args.train_batches),
+                                  split("validation", args.val_batches))
             rep = dict(r.report, reassigned=reassigned(b.spec.restricted(fams), g0, r.elements["B"]))
             seconds += time.perf_counter() - t0
     if args.no_test:

@@ -86,7 +86,7 @@ SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
 
 def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     """`p` with some of its shape replaced (width sweeps); checks that the result is a valid model."""
-    shape = {k: v for k, v in (shape or {}).items() if v is not None}
+    shape = shape or {}
     unknown = set(shape) - set(SHAPE_FIELDS)
     if unknown:
         raise SymmergeError(f"cannot override {sorted(unknown)}; the shape fields are {', '.join(SHAPE_FIELDS)}")
@@ -98,10 +98,11 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     q = replace(p, **shape)
     if q.d_model % q.heads:
         raise SymmergeError(f"width {q.d_model} is not divisible by {q.heads} heads; change --d-model or --heads")
-    if arch == "neox" and (q.d_model // q.heads) % 8:
-        raise SymmergeError(f"GPT-NeoX's rotary quarter needs a head width divisible by 8, got {q.d_model // q.heads}")
-    if arch in ("llama", "olmo") and (q.d_model // q.heads) % 2:
-        raise SymmergeError(f"RoPE needs an even head width, got {q.d_model // q.heads}")
+    head = q.d_model // q.heads
+    if arch == "neox" and head % 8:
+        raise SymmergeError(f"GPT-NeoX's rotary quarter needs a head width divisible by 8, got {head}")
+    if arch in ("llama", "olmo") and head % 2:
+        raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
                             "multiple of --kv-heads")

@@ -61,10 +61,13 @@ class TrainArgs:
     stop_after: int | None = None  # save the state and stop after this many steps (simulates an interruption)
     shape: dict | None = None  # overrides of the preset's shape (presets.SHAPE_FIELDS), e.g. {"d_model": 256}
 
+    def __post_init__(self):
+        self.shape = {k: v for k, v in (self.shape or {}).items() if v is not None} or None  # flags not given
+
     def run_key(self, p: Preset) -> dict:
-        """The settings a resumed run must share with the interrupted one."""
-        shape = {k: v for k, v in (self.shape or {}).items() if v is not None}
-        return ({"shape": shape} if shape else {}) | {
+        """The settings a resumed run must share with the interrupted one (the shape only when overridden,
+        so runs saved before shape overrides existed still resume)."""
+        return ({"shape": self.shape} if self.shape else {}) | {
                 "arch": self.arch, "preset": self.preset, "data": str(self.data), "seed": self.seed,
                 "tokenizer": self.tokenizer if self.arch != "vit" else None, "vocab_size": self.vocab_size,
                 "steps": self.steps or p.steps, "batch_size": self.batch_size or p.batch_size, "lr": self.lr or p.lr,
