@@ -2,8 +2,8 @@
 and test data.
 
     PYTHONPATH=src python benchmarks/barrier_by_split.py A B DATA [--row dual] [--seed 0] [--steps 1600]
-        [--lr 5e-3] [--lam-range 0.4,0.6] [--val-points 5] [--batch-size 64] [--train-batches 400] [--val-batches 16]
-        [--eval-batches 140]
+        [--lr 5e-3] [--lam-range 0.4,0.6] [--lam-sampling uniform] [--val-points 5] [--batch-size 64]
+        [--train-batches 400] [--val-batches 16] [--eval-batches 140]
 
 Learns one `reproduction_table.py` row exactly as that script does (same seed, data and settings give
 the same elements), then measures the 11-point barrier on three sets of `--eval-batches` batches:
@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1600)
     ap.add_argument("--lr", type=float, default=5e-3, help="the row's learning rate")
     ap.add_argument("--lam-range", default="0.4,0.6")
+    ap.add_argument("--lam-sampling", choices=("uniform", "peak"), default="uniform")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--val-points", type=int, default=5, help="λ grid of the validation barrier (endpoints included)")
     ap.add_argument("--batch-size", type=int, default=64)

@@ -132,6 +132,7 @@ def main() -> None:
                                                   "with several, each row also gets its mean ± s.e. over seeds")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--lam-range", default="0.4,0.6", help="λ drawn uniformly from this range per step")
+    ap.add_argument("--lam-sampling", choices=("uniform", "peak"), default="uniform", help="as symmerge align's")
     ap.add_argument("--batch-size", type=int, default=16, help="train, validation and test batch size")
     ap.add_argument("--seq-len", type=int, default=None, help="window length of the train/validation batches")
     ap.add_argument("--train-batches", type=int, default=200)
@@ -189,7 +190,7 @@ def learn_row(args, key: str, seed: int, lr: float, a, b, fams: list[str], g0: d
     _, method, _, _, param = ROWS[key]
     learn_fams = [f for f in fams if f not in PERMS] if key == "learned-fixed-perms" else fams
     cfg = LearnConfig(method=method, groups=learn_fams, param=param, steps=args.steps,
-                      lr=lr, seed=seed, lam_range=parse_lam_range(args.lam_range),
+                      lr=lr, seed=seed, lam_range=parse_lam_range(args.lam_range), lam_sampling=args.lam_sampling,
                       eval_every=args.eval_every, grid_points=args.val_points, progress=False)
     r = learn(a, b, train, val, cfg, init=g0)
     pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params

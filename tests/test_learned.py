@@ -14,6 +14,7 @@ from factories import ARCHS, lm_batches, make_model, save_model
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
+from symmerge.match.learn_loop import peak_lambda
 from symmerge.match.learned import Interrupted, LearnConfig, Learner, learn, parse_lam_range
 from symmerge.match.objective import Objective
 from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
@@ -98,11 +99,13 @@ def test_planted_problem_is_solved(pair):
     assert learner.curve(val, [0.5])[0] == pytest.approx(mid_after, abs=1e-6)
 
 
-def test_resume_equals_uninterrupted(pair, tmp_path):
+@pytest.mark.parametrize("sampling", ["uniform", "peak"])
+def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
+    """Also with peak sampling, whose lambdas depend on the last validation curve (cut between evaluations)."""
     a, b = pair
     init = random_element(b.spec, torch.Generator().manual_seed(6))
     train, val = lm_batches(3, 0), lm_batches(1, 1)
-    cfg = quick(steps=8, lr=0.1, seed=11, checkpoint_every=100)
+    cfg = quick(steps=8, lr=0.1, seed=11, checkpoint_every=100, lam_sampling=sampling, lam_range=(0.1, 0.9))
     whole = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "whole")
     with pytest.raises(Interrupted, match="--resume"):
         learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", on_step=lambda step: step == 4)
@@ -116,6 +119,10 @@ def test_resume_equals_uninterrupted(pair, tmp_path):
     assert not torch.equal(other.elements["B"]["residual.rotation"], whole.elements["B"]["residual.rotation"])
     with pytest.raises(SymmergeError, match="lr=0.1"):
         learn(a, b, train, val, dataclasses.replace(cfg, lr=0.2), init=init, checkpoint=tmp_path / "cut", resume=True)
+    flip = {"uniform": "peak", "peak": "uniform"}[sampling]
+    with pytest.raises(SymmergeError, match="lam_sampling"):
+        learn(a, b, train, val, dataclasses.replace(cfg, lam_sampling=flip), init=init, checkpoint=tmp_path / "cut",
+              resume=True)
 
 
 def test_best_state_kept_and_early_stopping(pair):
@@ -198,6 +205,8 @@ def test_bad_input_is_refused(pair, tmp_path):
     for lam in [(-0.1, 0.5), (0.6, 0.4), (0.5, 1.2)]:
         with pytest.raises(SymmergeError, match="lam-range"):
             learn(a, b, train, val, quick(lam_range=lam))
+    with pytest.raises(SymmergeError, match="lam-sampling"):
+        learn(a, b, train, val, quick(lam_sampling="worst"))
     with pytest.raises(SymmergeError, match="at least 3 grid points"):
         learn(a, b, train, val, quick(grid_points=2))  # align --val-points 2
     with pytest.raises(SymmergeError, match="residual_rotation"):
@@ -259,6 +268,28 @@ def test_absolute_anchor_with_cayley_signs(pair, tmp_path):
     assert result.report["parameterisation"]["residual.rotation"] == "cayley-signs"
     for row in output_report(save_outputs(result, a, b, tmp_path / "abs"), b.shape.hf_class, lm_batches(1, 9)[0]):
         assert row["max_logit_diff"] < 1e-4, row
+
+
+def test_peak_lambda_weights_the_highest_point():
+    """Half the draws are uniform over the range; the other half fall within half a grid spacing of the
+    grid points inside the range, the one highest above the straight line most often."""
+    lams = [i / 10 for i in range(11)]
+    line = [0.1 + 0.02 * lam for lam in lams]
+    losses = [x + (0.03 if lam == 0.3 else 0.01 if lam == 0.6 else 0.0) for x, lam in zip(line, lams)]
+    g = torch.Generator().manual_seed(0)
+    draws = [peak_lambda(lams, losses, (0.2, 0.8), torch.rand(3, generator=g, dtype=torch.float64).tolist())
+             for _ in range(4000)]
+    assert all(0.2 <= x <= 0.8 for x in draws)
+    near = lambda c: sum(abs(x - c) <= 0.05 for x in draws) / len(draws)  # noqa: E731
+    assert near(0.3) > 0.40  # about 1/2 * (most of the focused half) + 1/2 * 0.1 (its share of the uniform half)
+    assert near(0.3) > 4 * near(0.6) and near(0.6) > near(0.5)
+    # negative control: a flat curve leaves the focused half spread evenly, so lambda = 0.3 gets ~1/7 + 1/12
+    flat = [peak_lambda(lams, line, (0.2, 0.8), torch.rand(3, generator=g, dtype=torch.float64).tolist())
+            for _ in range(4000)]
+    assert 0.15 < sum(abs(x - 0.3) <= 0.05 for x in flat) / len(flat) < 0.30
+    # a non-finite curve or a range between grid points falls back to uniform draws
+    assert peak_lambda(lams, [None] + losses[1:], (0.2, 0.8), [0.9, 0.25, 0.5]) == pytest.approx(0.35)
+    assert peak_lambda(lams, losses, (0.42, 0.48), [0.9, 0.5, 0.5]) == pytest.approx(0.45)
 
 
 def test_parse_lam_range():
@@ -365,8 +396,9 @@ def test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice(pair, para
 def test_cli_dual_align_on_real_text(tmp_path, capsys):
     """`symmerge align --method dual` end to end on Tiny Shakespeare characters: OUT/A and OUT/B load
     with stock `from_pretrained` and compute A's and B's logits (1e-4; negative control: B's logits
-    differ from A's), the report records dual's default learning rate (half of learned's), and a
-    validation grid of 2 points is refused with exit code 2 and nothing written."""
+    differ from A's), the report records dual's default learning rate (half of learned's) and the
+    peak lambda sampling asked for, and a validation grid of 2 points is refused with exit code 2 and
+    nothing written."""
     import transformers as T
 
     from symmerge import cli
@@ -385,9 +417,10 @@ def test_cli_dual_align_on_real_text(tmp_path, capsys):
     assert cli.main(["align", *common, "-o", str(tmp_path / "bad"), "--val-points", "2"]) == 2
     assert "grid points" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     out = tmp_path / "out"
-    assert cli.main(["align", *common, "-o", str(out), "--json", str(tmp_path / "r.json")]) == 0
+    assert cli.main(["align", *common, "-o", str(out), "--json", str(tmp_path / "r.json"), "--lam-sampling", "peak"]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["settings"]["lr"] == 5e-3 and report["settings"]["method"] == "dual"
+    assert report["settings"]["lam_sampling"] == "peak"
     x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
 
     def run(folder):

@@ -47,6 +47,9 @@ def register(sub) -> None:
                    help=f"learned/dual: Adam learning rate, cosine decay (default {DEFAULT_LR['learned']:g} for learned, "
                    f"{DEFAULT_LR['dual']:g} for dual, whose two sides move the relative element twice as fast)")
     p.add_argument("--lam-range", default="0.4,0.6", help="learned/dual: λ drawn uniformly from this range per batch")
+    p.add_argument("--lam-sampling", choices=("uniform", "peak"), default="uniform",
+                   help="learned/dual: uniform λ draws, or peak: half the draws near the validation grid points "
+                   "where the path stands highest above the straight line (for the bump uniform draws leave)")
     p.add_argument("--seed", type=int, default=0, help="learned/dual: seed of the batch order and λ draws")
     p.add_argument("--eval-every", type=int, default=25, help="learned/dual: steps between validation barriers")
     p.add_argument("--patience", type=int, default=0, help="learned/dual: stop after this many evaluations without "
@@ -174,8 +177,8 @@ def run_learned(args, families) -> int:
 
     lr = DEFAULT_LR[args.method] if args.lr is None else args.lr
     cfg = LearnConfig(method=args.method, groups=families, param=args.param, steps=args.steps, lr=lr,
-                      lam_range=parse_lam_range(args.lam_range), seed=args.seed, eval_every=args.eval_every,
-                      patience=args.patience, grid_points=args.val_points)
+                      lam_range=parse_lam_range(args.lam_range), lam_sampling=args.lam_sampling, seed=args.seed,
+                      eval_every=args.eval_every, patience=args.patience, grid_points=args.val_points)
     cfg.validate()
     train = load_data(args, args.a, "train")
     val = load_data(args, args.a, "validation", args.val_batches)

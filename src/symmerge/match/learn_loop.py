@@ -1,8 +1,9 @@
 """The training loop of learned / dual matching: steps, validation barrier, best state, early stopping,
 checkpoints and resume (see `learned.py` for the method and `learn_state.py` for the files).
 
-Every step's randomness (which batch, which lambda) is a function of (seed, step) alone, so a run
-resumed from a checkpoint takes exactly the steps an uninterrupted run takes.
+Every step's randomness (which batch, which lambda) is a function of (seed, step) alone -- and, for
+`lam_sampling="peak"`, of the last validation curve, which the checkpoint holds --, so a run resumed
+from a checkpoint takes exactly the steps an uninterrupted run takes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,36 @@ def _step_randomness(seed: int, step: int, n_batches: int, lam_range) -> tuple[i
     u = float(torch.rand((), generator=torch.Generator().manual_seed(seed * 7_919 + 104_729 * step + 1), dtype=torch.float64))
     lo, hi = lam_range
     return int(order[pos]), lo + (hi - lo) * u
+
+
+def _peak_uniforms(seed: int, step: int) -> list[float]:
+    """Three more uniforms of one step for `peak_lambda`, from (seed, step) alone."""
+    g = torch.Generator().manual_seed(seed * 7_919 + 104_729 * step + 2)
+    return torch.rand(3, generator=g, dtype=torch.float64).tolist()
+
+
+def peak_lambda(lams: list[float], losses: list, lam_range, u: list[float]) -> float:
+    """A lambda that weights the highest part of the path, from three uniforms `u`.
+
+    Half the draws (u[0] < 1/2) are uniform over `lam_range`, which keeps every lambda trained. The
+    other half pick a grid point inside the range with probability softmax(excess / tau), excess being
+    the validation loss above the straight line between the endpoint losses and tau a quarter of the
+    excess's spread (the highest point is e^4 times as likely as the lowest), then move uniformly
+    within half a grid spacing of it (clipped to the range). Uniform when the curve is not finite or
+    no interior grid point lies inside the range.
+    """
+    lo, hi = lam_range
+    uniform = lo + (hi - lo) * u[1]
+    inside = [i for i, lam in enumerate(lams) if 0 < lam < 1 and lo <= lam <= hi]
+    if u[0] < 0.5 or not inside or any(x is None or not math.isfinite(x) for x in losses):
+        return uniform
+    l0, l1 = losses[0], losses[-1]
+    excess = torch.tensor([losses[i] - ((1 - lams[i]) * l0 + lams[i] * l1) for i in inside], dtype=torch.float64)
+    tau = max(float(excess.max() - excess.min()) / 4, 1e-6)
+    cdf = torch.cumsum(torch.softmax(excess / tau, 0), 0)
+    k = min(int(torch.searchsorted(cdf, torch.tensor(u[1], dtype=torch.float64))), len(inside) - 1)
+    half = 0.5 / (len(lams) - 1)
+    return min(max(lams[inside[k]] + (2 * u[2] - 1) * half, lo), hi)
 
 
 def _cosine_lr(lr: float, step: int, total: int) -> float:
@@ -113,6 +144,9 @@ class Run:
 
     def train_step(self, step: int) -> float:
         idx, lam = _step_randomness(self.cfg.seed, step, len(self.train), self.cfg.lam_range)
+        if self.cfg.lam_sampling == "peak":  # the last validation curve: restored on resume, so still exact
+            lam = peak_lambda(self.lams, self.meta["history"][-1]["losses"], self.cfg.lam_range,
+                              _peak_uniforms(self.cfg.seed, step))
         for pg in self.opt.param_groups:
             pg["lr"] = _cosine_lr(self.cfg.lr, step, self.cfg.steps)
         self.opt.zero_grad(set_to_none=True)

@@ -50,7 +50,8 @@ def load_state(folder) -> tuple[dict[str, torch.Tensor], dict]:
 
 def check_settings(saved: dict, current: dict, folder) -> None:
     """Resuming with other settings would not continue the same run: refuse and name the difference."""
-    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    keys = list(current) + [k for k in saved if k not in current]  # a setting only one side names differs too
+    diff = {k: (saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)}
     if diff:
         k, (old, new) = next(iter(diff.items()))
         raise SymmergeError(f"the checkpoint in {folder} was made with {k}={old!r}, not {new!r}; "

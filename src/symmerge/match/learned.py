@@ -17,9 +17,10 @@ the interpolated model, with every model weight frozen.
   learning rate lr the relative element gA^-1 gB first moves like one-sided learning's at 2 lr (tested).
 
 Loss: the stock HF loss (`objective.py`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
-lam per step. "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity,
-where every parameterisation is best conditioned); "absolute" learns g itself from
-`from_element(g0)`.
+lam per step (`lam_sampling="peak"`: half the steps take lam near the grid points where the last
+validation curve stands highest above the straight line, see `learn_loop.peak_lambda`).
+"residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity, where every
+parameterisation is best conditioned); "absolute" learns g itself from `from_element(g0)`.
 
 The residual scale is learned only when named in `groups`: with it, the interpolation can collapse
 onto one endpoint (the midpoint of A and c·B computes B's function as c grows, by scale invariance),
@@ -48,6 +49,7 @@ from .objective import Objective, grid, interpolate
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 
 METHODS = ("learned", "dual")
+LAM_SAMPLING = ("uniform", "peak")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -74,6 +76,7 @@ class LearnConfig:
     steps: int = 200
     lr: float = 1e-2
     lam_range: tuple[float, float] = (0.4, 0.6)
+    lam_sampling: str = "uniform"  # or "peak": half the steps near the validation curve's highest points
     seed: int = 0
     eval_every: int = 25
     patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
@@ -87,6 +90,8 @@ class LearnConfig:
         lo, hi = self.lam_range
         if not (0.0 <= lo <= hi <= 1.0):
             raise SymmergeError(f"--lam-range {lo},{hi} must satisfy 0 <= low <= high <= 1")
+        if self.lam_sampling not in LAM_SAMPLING:
+            raise SymmergeError(f"--lam-sampling must be one of {', '.join(LAM_SAMPLING)}, not {self.lam_sampling!r}")
         if self.method not in METHODS:
             raise SymmergeError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         if self.anchor not in ("residual", "absolute"):
@@ -102,6 +107,8 @@ class LearnConfig:
         skip = {"progress", "checkpoint_every"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["lam_range"] = list(out["lam_range"])
+        if out["lam_sampling"] == "uniform":  # checkpoints written before the option existed still resume
+            del out["lam_sampling"]
         return out
 
 
