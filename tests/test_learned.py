@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
 from symmerge.match.learn_loop import peak_lambda
 from symmerge.match.learned import Interrupted, LearnConfig, Learner, learn, parse_lam_range
-from symmerge.match.objective import Objective
+from symmerge.match.objective import Objective, highest_excess
 from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
 from symmerge.model import build_hf_model, export_state_dict, load_model
 from symmerge.spec import random_element
@@ -139,6 +140,25 @@ def test_best_state_kept_and_early_stopping(pair):
     learner.base["B"] = result.elements["B"]
     curve = learner.curve(lm_batches(1, 1), [0.0, 0.5, 1.0])
     assert curve[1] == pytest.approx(rep["losses_after"][1], abs=1e-6)
+
+
+def test_best_state_breaks_ties_below_the_line(pair):
+    """Paths at or below the straight line all have barrier 0; the best state among them is the one
+    whose highest interior point stands lowest (scripted validation curves, grid 0, 0.5, 1)."""
+    from symmerge.match.learn_loop import Run
+
+    learner = Learner(*pair, quick(grid_points=3), None)
+    curves = iter([[0.1, 0.1], [0.12], [0.09], [0.08], [0.085], [0.105]])  # endpoints once, then L(0.5) per evaluation
+    learner.curve = lambda batches, lams: next(curves)
+    run = Run(learner, [], [], None, None)
+    for step in range(5):
+        run.evaluate(step)
+    barriers = [h["barrier"] for h in run.meta["history"]]
+    assert barriers == pytest.approx([0.02, 0.0, 0.0, 0.0, 0.005])
+    assert run.meta["best_step"] == 2 and run.meta["best_barrier"] == 0.0  # not step 1, the first at 0
+    assert run.meta["bad_evals"] == 2
+    assert highest_excess([0.0, 0.5, 1.0], [0.1, 0.08, 0.1]) == pytest.approx(-0.02)
+    assert math.isnan(highest_excess([0.0, 0.5, 1.0], [0.1, math.inf, 0.1]))
 
 
 def test_straight_through_permutations(pair):

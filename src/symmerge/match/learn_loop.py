@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from .. import SymmergeError
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
 from .learned import Interrupted, Learner, Result
-from .objective import barrier, grid
+from .objective import barrier, grid, highest_excess
 
 
 def _step_randomness(seed: int, step: int, n_batches: int, lam_range) -> tuple[int, float]:
@@ -134,13 +134,19 @@ class Run:
         finite = math.isfinite(b)  # NaN is written as null (strict JSON) and is never the best
         m["history"].append({"step": step, "barrier": b if finite else None,
                              "losses": [x if math.isfinite(x) else None for x in losses]})
-        if finite and (m["best_barrier"] is None or b < m["best_barrier"]):
+        if finite and (m["best_barrier"] is None or highest_excess(self.lams, losses) < self._best_excess()):
             m["best_barrier"], m["best_step"], m["bad_evals"] = b, step, 0
             self.best = {k: v.detach().clone() for k, v in self.learner.trainables().items()}
         else:
             m["bad_evals"] += 1
             if self.cfg.patience and m["bad_evals"] >= self.cfg.patience:
                 m["stopped_early"] = True
+
+    def _best_excess(self) -> float:
+        """The best state's highest excess over the line. The best state is the one of lowest barrier;
+        among paths at or below the line (barrier 0) the one whose highest point stands lowest."""
+        losses = next(h["losses"] for h in self.meta["history"] if h["step"] == self.meta["best_step"])
+        return highest_excess(self.lams, losses)
 
     def train_step(self, step: int) -> float:
         idx, lam = _step_randomness(self.cfg.seed, step, len(self.train), self.cfg.lam_range)

@@ -28,7 +28,8 @@ which lowers the measured barrier without merging anything.
 
 The loop (`learn_loop.py`) draws every step's batch and lambda from (seed, step) alone, so a resumed
 run equals an uninterrupted one; it tracks the validation barrier every `eval_every` steps and
-returns the best state.
+returns the best state (the lowest validation barrier; among paths at or below the straight line, whose
+barrier is 0, the one whose highest point stands lowest).
 """
 
 from __future__ import annotations

@@ -76,6 +76,15 @@ def barrier(lams: list[float], losses: list[float]) -> float:
     return max(loss - ((1 - lam) * l0 + lam * l1) for lam, loss in zip(lams, losses))
 
 
+def highest_excess(lams: list[float], losses: list[float]) -> float:
+    """max over the interior grid points of L(lam) minus the straight line: the barrier without its floor
+    at 0 (negative when the whole path lies below the line; NaN if any loss is)."""
+    if not all(math.isfinite(x) for x in losses):
+        return math.nan
+    l0, l1 = losses[0], losses[-1]
+    return max(loss - ((1 - lam) * l0 + lam * l1) for lam, loss in zip(lams[1:-1], losses[1:-1]))
+
+
 def grid(points: int) -> list[float]:
     if points < 3:
         raise SymmergeError("a barrier needs at least 3 grid points (both endpoints and one between)")
