@@ -34,11 +34,14 @@ def register(sub) -> None:
     p.add_argument("--max-iters", type=int, default=20, help="most sweeps over the groups (default 20)")
     p.add_argument("--precision", choices=("float64", "float32"), default="float64",
                    help="weight matching: precision of the algebra; float32 for large models (less memory, faster products)")
-    p.add_argument("--data", default=None, help="activation matching: data set (see symmerge.data)")
-    p.add_argument("--split", default="train", help="activation matching: data split (default train)")
-    p.add_argument("--batch-size", type=int, default=8, help="activation matching: sequences per batch")
-    p.add_argument("--seq-len", type=int, default=None, help="activation matching: tokens per sequence (default: context)")
-    p.add_argument("--max-batches", type=int, default=8, help="activation matching: batches of data used")
+    p.add_argument("--data", default=None, help="activation/learned/dual: data set (see symmerge.data)")
+    p.add_argument("--split", default="train",
+                   help="activation matching: data split (default train; learned/dual learn on train, validate on validation)")
+    p.add_argument("--batch-size", type=int, default=8, help="activation/learned/dual: sequences (images) per batch")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="activation/learned/dual: tokens per sequence (default: context)")
+    p.add_argument("--max-batches", type=int, default=8,
+                   help="activation/learned/dual: batches of data used (learned/dual: training batches)")
     p.add_argument("--param", default="auto",
                    help="learned/dual: cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: cayley for "
                    "orthogonal, polar for invertible groups)")
