@@ -23,6 +23,7 @@ from reproduction_table import ROWS, families_for, learn_row, path_barrier, weig
 
 from symmerge.barrier import PathEvaluator
 from symmerge.data import load_batches
+from symmerge.match.learned import LAM_SAMPLING
 from symmerge.model import load_model
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1600)
     ap.add_argument("--lr", type=float, default=5e-3, help="the row's learning rate")
     ap.add_argument("--lam-range", default="0.4,0.6")
-    ap.add_argument("--lam-sampling", choices=("uniform", "peak"), default="uniform")
+    ap.add_argument("--lam-sampling", choices=LAM_SAMPLING, default="uniform")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--val-points", type=int, default=5, help="λ grid of the validation barrier (endpoints included)")
     ap.add_argument("--batch-size", type=int, default=64)

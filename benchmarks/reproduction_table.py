@@ -28,7 +28,7 @@ from symmerge.apply import apply
 from symmerge.barrier import PathEvaluator, summarise
 from symmerge.data import load_batches
 from symmerge.evaluate import mean_se
-from symmerge.match.learned import LearnConfig, learn, parse_lam_range
+from symmerge.match.learned import LAM_SAMPLING, LearnConfig, learn, parse_lam_range
 from symmerge.match.parametrize import straight_through
 from symmerge.match.weight import weight_match
 from symmerge.merge import interpolate
@@ -132,7 +132,7 @@ def main() -> None:
                                                   "with several, each row also gets its mean ± s.e. over seeds")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--lam-range", default="0.4,0.6", help="λ drawn uniformly from this range per step")
-    ap.add_argument("--lam-sampling", choices=("uniform", "peak"), default="uniform", help="as symmerge align's")
+    ap.add_argument("--lam-sampling", choices=LAM_SAMPLING, default="uniform", help="as symmerge align's")
     ap.add_argument("--batch-size", type=int, default=16, help="train, validation and test batch size")
     ap.add_argument("--seq-len", type=int, default=None, help="window length of the train/validation batches")
     ap.add_argument("--train-batches", type=int, default=200)

@@ -49,14 +49,16 @@ class PathEvaluator:
         return evaluate_params(self.hf, self.state_dict(params), batches)
 
 
-def _line(lams, values, i):
-    return (1 - lams[i]) * values[0] + lams[i] * values[-1]
+def above_line(lams: list[float], values: list[float]) -> list[float]:
+    """Each value minus the straight line between the first and last (λ = 0 and 1): 0 at both ends."""
+    v0, v1 = values[0], values[-1]
+    return [v - ((1 - lam) * v0 + lam * v1) for lam, v in zip(lams, values)]
 
 
 def summarise(lams: list[float], losses: list[float], accs: list[float]) -> dict:
     """Barriers from a curve whose first and last points are λ = 0 and λ = 1."""
-    loss_gap = [losses[i] - _line(lams, losses, i) for i in range(len(lams))]
-    acc_gap = [_line(lams, accs, i) - accs[i] for i in range(len(lams))]
+    loss_gap = above_line(lams, losses)
+    acc_gap = [-g for g in above_line(lams, accs)]  # accuracy falls below its line
     i_loss = max(range(len(lams)), key=lambda i: loss_gap[i])
     i_acc = max(range(len(lams)), key=lambda i: acc_gap[i])
     return {"barrier": loss_gap[i_loss], "barrier_lambda": lams[i_loss],

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import SymmergeError
+from ..barrier import above_line
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
 from .learned import Interrupted, Learner, Result
 from .objective import barrier, grid, highest_excess
@@ -52,8 +53,7 @@ def peak_lambda(lams: list[float], losses: list, lam_range, u: list[float]) -> f
     inside = [i for i, lam in enumerate(lams) if 0 < lam < 1 and lo <= lam <= hi]
     if u[0] < 0.5 or not inside or any(x is None or not math.isfinite(x) for x in losses):
         return uniform
-    l0, l1 = losses[0], losses[-1]
-    excess = torch.tensor([losses[i] - ((1 - lams[i]) * l0 + lams[i] * l1) for i in inside], dtype=torch.float64)
+    excess = torch.tensor(above_line(lams, losses), dtype=torch.float64)[inside]
     tau = max(float(excess.max() - excess.min()) / 4, 1e-6)
     cdf = torch.cumsum(torch.softmax(excess / tau, 0), 0)
     k = min(int(torch.searchsorted(cdf, torch.tensor(u[1], dtype=torch.float64))), len(inside) - 1)

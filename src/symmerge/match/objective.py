@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 from .. import SymmergeError
 from ..apply import apply
+from ..barrier import above_line
 from ..model import Model, build_hf_model, export_state_dict
 
 Params = dict[str, torch.Tensor]
@@ -72,8 +73,7 @@ def barrier(lams: list[float], losses: list[float]) -> float:
     """max over the grid of L(lam) minus the straight line between the endpoint losses (NaN if any loss is)."""
     if not all(math.isfinite(x) for x in losses):
         return math.nan
-    l0, l1 = losses[0], losses[-1]
-    return max(loss - ((1 - lam) * l0 + lam * l1) for lam, loss in zip(lams, losses))
+    return max(above_line(lams, losses))
 
 
 def highest_excess(lams: list[float], losses: list[float]) -> float:
@@ -81,8 +81,7 @@ def highest_excess(lams: list[float], losses: list[float]) -> float:
     at 0 (negative when the whole path lies below the line; NaN if any loss is)."""
     if not all(math.isfinite(x) for x in losses):
         return math.nan
-    l0, l1 = losses[0], losses[-1]
-    return max(loss - ((1 - lam) * l0 + lam * l1) for lam, loss in zip(lams[1:-1], losses[1:-1]))
+    return max(above_line(lams, losses)[1:-1])
 
 
 def grid(points: int) -> list[float]:
