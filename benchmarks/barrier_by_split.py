@@ -23,7 +23,7 @@ from reproduction_table import ROWS, families_for, learn_row, path_barrier, weig
 
 from symmerge.barrier import PathEvaluator
 from symmerge.data import load_batches
-from symmerge.match.learned import LAM_SAMPLING
+from symmerge.match.learn_config import LAM_SAMPLING
 from symmerge.model import load_model
 
 

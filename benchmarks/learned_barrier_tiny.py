@@ -23,7 +23,8 @@ import torch
 from symmerge.apply import apply
 from symmerge.barrier import barrier
 from symmerge.data import load_batches
-from symmerge.match.learned import LearnConfig, learn
+from symmerge.match.learn_config import LearnConfig
+from symmerge.match.learned import learn
 from symmerge.match.weight import weight_match
 from symmerge.model import load_model
 

@@ -28,7 +28,8 @@ from symmerge.apply import apply
 from symmerge.barrier import PathEvaluator, summarise
 from symmerge.data import load_batches
 from symmerge.evaluate import mean_se
-from symmerge.match.learned import LAM_SAMPLING, LearnConfig, learn, parse_lam_range
+from symmerge.match.learn_config import LAM_SAMPLING, LearnConfig, parse_lam_range
+from symmerge.match.learned import learn
 from symmerge.match.parametrize import straight_through
 from symmerge.match.weight import weight_match
 from symmerge.merge import interpolate

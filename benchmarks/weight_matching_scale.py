@@ -26,6 +26,7 @@ import torch
 
 import symmerge.match.residual as residual_mod
 import symmerge.match.weight as weight_mod
+import symmerge.match.weight_steps as steps_mod
 from symmerge.io import ShardWriter
 from symmerge.model import LazyModel, expected_tensors, part_keys
 
@@ -116,8 +117,8 @@ def main() -> None:
     read_s = time.perf_counter() - t0
 
     seconds: dict[str, float] = {}
-    weight_mod.linear_assignment = Timed(weight_mod.linear_assignment, seconds, "assignment")
-    weight_mod.solve_map = Timed(weight_mod.solve_map, seconds, "procrustes_maps")
+    steps_mod.linear_assignment = Timed(steps_mod.linear_assignment, seconds, "assignment")
+    steps_mod.solve_map = Timed(steps_mod.solve_map, seconds, "procrustes_maps")
     residual_mod.procrustes = Timed(residual_mod.procrustes, seconds, "procrustes_maps")
     log: list = []
     fams = args.groups.split(",") if args.groups else [f for f in a.spec.families() if f != "residual_scale"]

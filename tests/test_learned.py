@@ -15,8 +15,10 @@ from factories import ARCHS, lm_batches, make_model, save_model
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
-from symmerge.match.learn_loop import peak_lambda
-from symmerge.match.learned import Interrupted, LearnConfig, Learner, learn, parse_lam_range
+from symmerge.match.learn_config import LearnConfig, parse_lam_range
+from symmerge.match.learn_loop import Interrupted, peak_lambda
+from symmerge.match.learned import learn
+from symmerge.match.learner import Learner
 from symmerge.match.objective import Objective, highest_excess
 from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
 from symmerge.model import build_hf_model, export_state_dict, load_model
@@ -345,7 +347,7 @@ def test_lap_shortcut_equals_the_exact_assignment():
     give an assignment of the optimal total (checked against scipy on every matrix)."""
     from scipy.optimize import linear_sum_assignment
 
-    from symmerge.match.learned import lap
+    from symmerge.match.learner import lap
 
     gen = torch.Generator().manual_seed(0)
     perm = torch.randperm(40, generator=gen)

@@ -12,7 +12,9 @@ from symmerge import SymmergeError, cli
 from symmerge import groups as G
 from symmerge.apply import apply
 from symmerge.match.activation import activation_match
-from symmerge.match.learned import LearnConfig, Learner, learn
+from symmerge.match.learn_config import LearnConfig
+from symmerge.match.learned import learn
+from symmerge.match.learner import Learner
 from symmerge.match.objective import interpolate
 from symmerge.match.outputs import output_report, save_outputs
 from symmerge.match.weight import weight_match

@@ -71,7 +71,8 @@ def _train_pair(args: DemoArgs, out: Path) -> tuple[Path, Path]:
 def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: DemoArgs) -> tuple[dict, dict, dict]:
     """(params of A's side, params of B's side, what the method reports) for one method."""
     from .match.activation import activation_match
-    from .match.learned import LearnConfig, learn
+    from .match.learn_config import LearnConfig
+    from .match.learned import learn
     from .match.weight import weight_match
 
     if method == "plain":

@@ -175,7 +175,7 @@ def default_families(args) -> list[str] | None:
 
 def run_learned(args, families) -> int:
     """Weight matching first (its element is absorbed into B), then learn against the loss on the path."""
-    from ..match.learned import LearnConfig, parse_lam_range
+    from ..match.learn_config import LearnConfig, parse_lam_range
     from ..match.outputs import learned_align
 
     lr = DEFAULT_LR[args.method] if args.lr is None else args.lr

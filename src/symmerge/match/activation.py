@@ -37,7 +37,9 @@ from .. import SymmergeError
 from .. import groups as G
 from ..model import Model, build_hf_model, export_state_dict
 from .solvers import best_rotation, linear_assignment, solve_map
-from .weight import MatchResult, _scatter, _solve_scaling, _State, assign_heads
+from .weight import MatchResult
+from .weight_state import State, scatter
+from .weight_steps import assign_heads, solve_scaling
 
 #: per adapter: modules whose outputs are normalised streams, whose input is the FFN hidden vector,
 #: and whose input is the concatenated head outputs ({i} is the layer)
@@ -176,7 +178,7 @@ def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
         p = g[ffn]
         rms = lambda h: h.pow(2).mean(1).sqrt().clamp_min(1e-300)  # noqa: E731
         d = torch.sign(corr[torch.arange(len(p)), p]) * rms(ha) / rms(hb[p])
-        g[glu] = _scatter(torch.where(d == 0, torch.ones_like(d), d), p)
+        g[glu] = scatter(torch.where(d == 0, torch.ones_like(d), d), p)
 
 
 def _writer_scale(a: Model, b: Model, chosen) -> float:
@@ -209,7 +211,7 @@ def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i) -> None:
         side = lambda h, keys: torch.cat([_flat_q(h[k]) for k in keys], -1) if keys else \
             torch.zeros(s.n_kv_heads, s.d_head, 0, dtype=G.DTYPE)  # noqa: E731
         found = solve_map(spec.groups[name], side(ha, g_side), side(hb, g_side), side(ha, inv_side), side(hb, inv_side))
-        g[name] = _scatter(found, p)
+        g[name] = scatter(found, p)
 
 
 def activation_match(a: Model, b: Model, batches: list[dict], families: list[str] | None = None,
@@ -231,12 +233,12 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
     for i in range(spec.shape.n_layers):
         _heads(a, b, spec, chosen, g, fit, acts_a, acts_b, i)
         _ffn(spec, chosen, g, fit, acts_a, acts_b, i)
-    st = _State(spec, a.params, b.params, {n: G.identity(x) for n, x in spec.groups.items()})
+    st = State(spec, a.params, b.params, {n: G.identity(x) for n, x in spec.groups.items()})
     history = [st.similarity()]
     st.g = g
     for name in [n for n in chosen if spec.groups[n].family == "residual_scale"]:  # invisible to the data
-        st.g = _solve_scaling(st, name, None)
-    st = _State(spec, a.params, b.params, st.g)
+        st.g = solve_scaling(st, name, None)
+    st = State(spec, a.params, b.params, st.g)
     history.append(st.similarity())
     fit["tokens"] = int(acts_a[next(k for k in acts_a if k[0] == "ffn")].shape[1])
     return MatchResult(st.g, history, time.perf_counter() - start, 0, len(chosen), {"fit": fit})

@@ -12,6 +12,7 @@ import math
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -19,8 +20,18 @@ from tqdm.auto import tqdm
 from .. import SymmergeError
 from ..barrier import above_line
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
-from .learned import Interrupted, Learner, Result
+from .learner import Learner
 from .objective import barrier, grid, highest_excess
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised after the checkpoint was written, when a run is stopped (Ctrl-C or `on_step`)."""
+
+
+@dataclass
+class Result:
+    elements: dict[str, dict[str, torch.Tensor]]  # side ("A" or "B") -> full element for that input
+    report: dict
 
 
 def _step_randomness(seed: int, step: int, n_batches: int, lam_range) -> tuple[int, float]:

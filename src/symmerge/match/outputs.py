@@ -12,7 +12,9 @@ from .. import SymmergeError
 from ..apply import apply
 from ..io import AtomicFolder, prepare_output
 from ..model import Model, hf_class, save_model
-from .learned import LearnConfig, Result, learn
+from .learn_config import LearnConfig
+from .learn_loop import Result
+from .learned import learn
 
 
 def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False) -> list[tuple[Path, Path]]:

@@ -1,0 +1,72 @@
+"""The settings of learned and dual matching (`learned.py`): one home for their defaults and checks.
+
+`LearnConfig` is what a run is made with; `settings()` is the part a resumed run must share with the
+run it continues (stored in the checkpoint, see `learn_state.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .. import SymmergeError
+from .objective import grid
+
+METHODS = ("learned", "dual")
+LAM_SAMPLING = ("uniform", "peak")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+def parse_lam_range(text: str) -> tuple[float, float]:
+    """"0.4,0.6" -> (0.4, 0.6); a single number means a fixed lambda. Checked by LearnConfig.validate."""
+    try:
+        parts = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise SymmergeError(f"--lam-range {text!r} is not 'LOW,HIGH' (two numbers in [0, 1])") from None
+    if len(parts) not in (1, 2):
+        raise SymmergeError(f"--lam-range {text!r} is not 'LOW,HIGH' (two numbers in [0, 1])")
+    return (parts[0], parts[-1])
+
+
+@dataclass
+class LearnConfig:
+    method: str = "learned"
+    groups: list[str] | None = None  # families to learn (default: all)
+    param: str = "auto"  # see parametrize.resolve_methods
+    steps: int = 200
+    lr: float = 1e-2
+    lam_range: tuple[float, float] = (0.4, 0.6)
+    lam_sampling: str = "uniform"  # or "peak": half the steps near the validation curve's highest points
+    seed: int = 0
+    eval_every: int = 25
+    patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
+    grid_points: int = 5  # lambdas of the validation barrier (endpoints included)
+    anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
+    dtype: str = "float32"  # of the HF forward; group algebra is always float64
+    checkpoint_every: int = 50
+    progress: bool = True
+
+    def validate(self) -> None:
+        lo, hi = self.lam_range
+        if not (0.0 <= lo <= hi <= 1.0):
+            raise SymmergeError(f"--lam-range {lo},{hi} must satisfy 0 <= low <= high <= 1")
+        if self.lam_sampling not in LAM_SAMPLING:
+            raise SymmergeError(f"--lam-sampling must be one of {', '.join(LAM_SAMPLING)}, not {self.lam_sampling!r}")
+        if self.method not in METHODS:
+            raise SymmergeError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.anchor not in ("residual", "absolute"):
+            raise SymmergeError(f"anchor must be residual or absolute, not {self.anchor!r}")
+        if self.dtype not in DTYPES:
+            raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}")
+        if self.steps < 0 or self.eval_every < 1 or self.lr <= 0:
+            raise SymmergeError("--steps must be >= 0, eval_every >= 1 and the learning rate > 0")
+        grid(self.grid_points)
+
+    def settings(self) -> dict:
+        """What must be equal to resume a run (everything but the progress bar and checkpoint cadence)."""
+        skip = {"progress", "checkpoint_every"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        out["lam_range"] = list(out["lam_range"])
+        if out["lam_sampling"] == "uniform":  # checkpoints written before the option existed still resume
+            del out["lam_sampling"]
+        return out

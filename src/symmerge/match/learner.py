@@ -1,0 +1,161 @@
+"""The learner of learned / dual matching: the frozen models, the learned group elements (one slot per
+learned group and side) and the loss of the interpolated model (see `learned.py` for the method).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from .. import SymmergeError
+from .. import groups as G
+from ..apply import StraightThrough, apply
+from ..merge import check_compatible
+from ..model import Model
+from ..spec import Spec, compose, identity_element
+from .learn_config import DTYPES, LearnConfig
+from .objective import Objective, interpolate
+from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
+
+
+@dataclass
+class Slot:
+    """One learned group on one side: a parameterisation, or a straight-through permutation latent."""
+
+    side: str
+    group: str
+    param: Parametrization | None
+    raw: dict[str, torch.Tensor]
+    fixed: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.side}.{self.group}"
+
+def lap(latent: torch.Tensor) -> torch.Tensor:
+    """Hard permutation (index vector) maximising sum_i L[i, p[i]], batched over leading axes.
+
+    When every row's maximum sits in a different column, the row-wise argmax is that permutation (no
+    assignment can beat each row's maximum); the exact solver runs only when rows compete. Latents
+    start one-hot and move slowly, so most steps take the shortcut.
+    """
+    flat = latent.detach().reshape(-1, *latent.shape[-2:]).numpy()
+    rows = []
+    for x in flat:
+        best = x.argmax(axis=1)
+        rows.append(best if np.unique(best).size == best.size else linear_sum_assignment(x, maximize=True)[1])
+    return torch.as_tensor(np.stack(rows), dtype=torch.int64).reshape(latent.shape[:-1])
+
+
+def _check_element(spec: Spec, g: dict, what: str) -> None:
+    missing = [n for n in spec.groups if n not in g]
+    if missing:
+        raise SymmergeError(f"{what} has no entry for groups {missing[:3]}")
+    for n, grp in spec.groups.items():
+        err = G.membership_error(grp, g[n])
+        if err > 1e-6:
+            raise SymmergeError(f"{what}: {n} is not in its group (error {err:.2e})")
+
+
+class Learner:
+    """Holds the frozen models, the slots and the objective; `run` trains (see the module docstring)."""
+
+    def __init__(self, a: Model, b: Model, cfg: LearnConfig, init: dict | None = None):
+        cfg.validate()
+        check_compatible(a, b)
+        self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec.restricted(cfg.groups)
+        self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
+        _check_element(self.spec, self.init, "the initial element")
+        selected = self.spec.select(cfg.groups)
+        if cfg.groups is None:  # see the module docstring: a learned scale lets the path collapse
+            selected = [n for n in selected if self.spec.groups[n].family != "residual_scale"]
+        self.dual = cfg.method == "dual"
+        cont = [n for n in selected if learnable(self.spec.groups[n])]
+        ste = [] if self.dual else [n for n in selected if straight_through(self.spec.groups[n])]
+        if not cont and not ste:
+            raise SymmergeError(f"{cfg.method} matching has nothing to learn in {cfg.groups or 'all groups'}: "
+                                "dual matching learns continuous groups only; signed permutations stay fixed")
+        self.fixed_groups = [n for n in self.spec.groups if n not in cont and n not in ste]
+        methods = resolve_methods({n: self.spec.groups[n] for n in cont}, cfg.param)
+        self.methods = methods
+        ident = identity_element(self.spec)
+        self.base = {"A": ident, "B": ident} if self.dual else {"B": self.init}
+        self.slots = self._make_slots(cont, ste, methods)
+        self.obj = Objective(a, DTYPES[cfg.dtype])
+        b_params = apply(self.spec, self.init, b.params) if self.dual else b.params
+        self.params = {"A": self.obj.cast(a.params), "B": self.obj.cast(b_params)}
+
+    def _make_slots(self, cont, ste, methods) -> list[Slot]:
+        slots = []
+        for side in self.base:
+            for n in cont:
+                p = parametrization(self.spec.groups[n], methods[n])
+                raw, fixed = p.from_element(self.base[side][n]) if self.cfg.anchor == "absolute" else p.identity()
+                slots.append(Slot(side, n, p, raw, fixed))
+            for n in ste if side == "B" else []:
+                # float32 is plenty to rank columns, and halves the optimiser's and the gathers' traffic;
+                # a residual permutation is already a (permutation) matrix
+                start = self.base[side][n]
+                latent = (start if start.is_floating_point() else torch.nn.functional.one_hot(start, start.shape[-1]))
+                latent = latent.to(torch.float32)
+                slots.append(Slot(side, n, None, {"latent": latent}))
+        for s in slots:
+            for t in s.raw.values():
+                t.requires_grad_(True)
+        return slots
+
+    # --- elements and loss ---------------------------------------------------------------------------
+
+    def trainables(self) -> dict[str, torch.Tensor]:
+        return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
+
+    def element(self, side: str, hard: bool) -> dict[str, torch.Tensor]:
+        """The side's learned element (on top of its base); straight-through permutations unless `hard`."""
+        g = dict(self.base[side])
+        for s in (s for s in self.slots if s.side == side):
+            grp = self.spec.groups[s.group]
+            if s.param is None and grp.kind == "permutation":
+                p = lap(s.raw["latent"])
+                g[s.group] = p if hard else StraightThrough(p, s.raw["latent"])
+                continue
+            if s.param is None:  # the residual permutation acts as a matrix: hard forward, latent backward
+                latent = s.raw["latent"]
+                p = torch.nn.functional.one_hot(lap(latent), grp.size).to(G.DTYPE)
+                g[s.group] = p if hard else p + (latent - latent.detach())
+                continue
+            h = s.param.element(s.raw, s.fixed)
+            g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[side][s.group])
+        return g
+
+    def endpoints(self, hard: bool) -> tuple[dict, dict]:
+        """Both sides' moved parameters; for training (not `hard`) the elements are cast once to the
+        forward's dtype, instead of once per tensor they act on."""
+        def moved(side):
+            g = self.element(side, hard)
+            if not hard:
+                g = {n: t.to(self.obj.dtype) if torch.is_tensor(t) and t.is_floating_point() else t for n, t in g.items()}
+            return apply(self.spec, g, self.params[side])
+
+        return (moved("A") if self.dual else self.params["A"]), moved("B")
+
+    def loss(self, batch: dict, lam: float) -> torch.Tensor:
+        ta, tb = self.endpoints(hard=False)
+        return self.obj.loss(interpolate(ta, tb, lam), batch)
+
+    @torch.no_grad()
+    def curve(self, batches: list[dict], lams: list[float]) -> list[float]:
+        ta, tb = self.endpoints(hard=True)
+        return [self.obj.mean_loss(interpolate(ta, tb, lam), batches) for lam in lams]
+
+    def final_elements(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Per input, the full element whose action on that input gives the output (checked members)."""
+        with torch.no_grad():
+            out = {side: {n: t.detach().clone() for n, t in self.element(side, hard=True).items()} for side in self.base}
+        if self.dual:
+            out["B"] = compose(self.spec, out["B"], self.init)  # first the absorbed init, then gB
+        for side, g in out.items():
+            _check_element(self.spec, g, f"the learned element of {side}")
+        return out

@@ -1,0 +1,69 @@
+"""The state of weight matching on one set of tensors: the current element and the squared distance
+of every tensor under it, with the acceptance rule that keeps the objective monotone (see `weight.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..apply import apply
+from ..spec import Spec
+from .residual import sqdist, sqnorm
+
+
+class State:
+    """The current element, and the squared distance of every tensor under it (kept up to date)."""
+
+    def __init__(self, spec: Spec, A: dict, B: dict, g: dict):
+        self.spec, self.A, self.B, self.g = spec, A, B, g
+        self.names = [n for n, t in A.items() if t.dim() > 0]  # norm.eps moves with the scale: not a weight
+        self.norm2 = math.fsum(sqnorm(A[n]) for n in self.names)
+        self.terms = self._terms(self.names, g)
+
+    def moved(self, names, g) -> dict:
+        return apply(self.spec, g, {n: self.B[n] for n in names})
+
+    def _terms(self, names, g) -> dict[str, float]:
+        """Squared distance per tensor, one tensor at a time (peak memory: one moved tensor)."""
+        out = {}
+        for n in names:
+            out[n] = sqdist(self.A[n], self.moved([n], g)[n])
+        return out
+
+    def similarity(self) -> float:
+        return 1.0 - math.fsum(self.terms.values()) / self.norm2
+
+    def offer(self, names: list[str], candidate: dict, judge=None) -> bool:
+        """Keep `candidate` if it lowers the squared distance of `names` (exactly rounded sums).
+
+        `names` must be every tensor the candidate changes; `judge` (default: all of them) are the
+        ones whose distance decides (the first sweep judges on the tensors its cost could use).
+        """
+        new = self._terms(names, candidate)
+        if not all(math.isfinite(v) for v in new.values()):
+            return False
+        judge = names if judge is None else [n for n in names if n in judge]
+        if math.fsum(new[n] for n in judge) < math.fsum(self.terms[n] for n in judge):
+            self.g = candidate
+            self.terms.update(new)
+            return True
+        return False
+
+
+def without(g: dict, names) -> dict:
+    """`g` without the groups `names` (they then act as the identity)."""
+    out = dict(g)
+    for n in names:
+        out[n] = None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def scatter(x_a: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
+    """A solution found in A's order, stored at B's indices (entry perm[i] gets x_a[i])."""
+    if perm is None:
+        return x_a
+    out = torch.empty_like(x_a)
+    out[perm] = x_a
+    return out

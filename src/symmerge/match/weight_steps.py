@@ -1,0 +1,170 @@
+"""The steps of one weight-matching sweep (see `weight.py` for the method): which groups are solved
+together, and one solver per kind of step, each returning a candidate element for `State.offer`.
+
+Each step rebuilds its cost from `spec.actions` with every other group of the current element applied.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .. import groups as G
+from ..spec import Spec
+from . import costs
+from .solvers import best_scale, linear_assignment, solve_map
+from .weight_state import State, scatter, without
+
+HEAD_FAMILIES = ("head_perm", "qk_map", "ov_map")
+
+def schedule(spec: Spec, chosen: set[str]) -> list[list[str]]:
+    """Steps of one sweep: lists of groups solved together (a layer's attention groups form one step)."""
+    steps = [[n] for n, g in spec.groups.items() if g.layer is None and n in chosen]
+    for i in range(spec.shape.n_layers):
+        layer = [n for n, g in spec.groups.items() if g.layer == i and n in chosen]
+        heads = [n for n in layer if spec.groups[n].family in HEAD_FAMILIES]
+        if heads:
+            steps.append(heads)
+        steps += [[n] for n in layer if n not in heads]
+    return steps
+
+
+def _allowed(spec: Spec, group: str, solved: set[str], chosen: set[str]) -> set[str] | None:
+    """First sweep: tensors whose other (chosen, non-scalar) groups are solved already; None = all."""
+    ok = set()
+    for name in costs.touching(spec, group):
+        others = {a.group for a in spec.actions[name] if a.group != group}
+        if all(o in solved or o not in chosen or spec.groups[o].kind == "scalar" for o in others):
+            ok.add(name)
+    return ok or None
+
+
+# --- one step per group kind --------------------------------------------------------------------------
+
+
+def solve_scaling(st: State, name: str, allowed) -> dict:
+    """Scalar or diagonal: the exact minimiser entry by entry (`solvers.best_scale`), in A's order, then re-indexed."""
+    grp = st.spec.groups[name]
+    others = without(st.g, [name])
+    zero = torch.zeros((), dtype=G.DTYPE)
+    p = q = s = t = zero
+    for n in costs.touching(st.spec, name):  # accumulated one tensor at a time
+        if n not in st.A or (allowed is not None and n not in allowed):
+            continue
+        sa, sb = costs.sides(st.spec, name, st.A, [n]), costs.sides(st.spec, name, st.moved([n], others), [n])
+        for how in ("g", "inv_t"):
+            if sa[how] is None:
+                continue
+            xa, xb = sa[how], sb[how]
+            dims = tuple(range(xa.dim())) if grp.kind == "scalar" else -1
+            if how == "g":
+                p, q = p + (xb * xb).sum(dims), q + (xa * xb).sum(dims)
+            else:
+                s, t = s + (xb * xb).sum(dims), t + (xa * xb).sum(dims)
+    perm = st.g[grp.indexed_by] if grp.indexed_by else None
+    current = st.g[name] if perm is None else st.g[name][perm]  # in A's order
+    d = best_scale(p, q, s, t, positive=grp.kind == "scalar" or "positive" in grp.constraints)
+    d = torch.where(torch.isfinite(d), d, current)
+    return {**st.g, name: scatter(d, perm)}
+
+
+def _solve_permutation(st: State, name: str, allowed) -> dict:
+    touched = [t for t in costs.touching(st.spec, name) if t in st.A]
+    bp = st.moved(touched, without(st.g, [name]))
+    s = costs.gram_cross(st.spec, name, st.A, bp, allowed)
+    flat = s.reshape(-1, *s.shape[-2:])
+    p = torch.stack([linear_assignment(m) for m in flat]).reshape(s.shape[:-1])
+    return {**st.g, name: p}
+
+
+def _head_perms(st: State, names: list[str], bp: dict, chosen: set[str]) -> dict:
+    """Head (KV group) permutation and query-head permutations from circuit similarities."""
+    spec = st.spec
+    top = next(n for n in names if spec.groups[n].family == "head_perm" and not spec.groups[n].batch)
+    inner = next((n for n in spec.groups if spec.groups[n].indexed_by == top and spec.groups[n].kind == "permutation"), None)
+    maps = [n for n, g in spec.groups.items() if g.indexed_by == top and g.kind != "permutation"]
+    sim = 0.0
+    for m in maps:
+        sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
+        q_axis = (lambda x: x) if inner is not None else (lambda x: x.unsqueeze(1))  # [h, q, n, m]
+        sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]))
+    p, inner_p = assign_heads(sim, inner is not None)
+    return {top: p} if inner is None else {top: p, inner: inner_p}
+
+
+def assign_heads(sim: torch.Tensor, inner: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV-group permutation `p` and query-head permutations from `sim[a, j, b, k]` (A's head (a, j) vs B's (b, k)).
+
+    Each pair of KV groups is scored by its best query-head assignment; the query-head permutations
+    are returned indexed by B's KV group (as the spec's `qheads` group is).
+    """
+    n_h, q = sim.shape[0], sim.shape[1]
+    value = torch.zeros(n_h, n_h, dtype=G.DTYPE)
+    inner_p = torch.zeros(n_h, n_h, q, dtype=torch.long)
+    for a in range(n_h):
+        for b in range(n_h):
+            s = sim[a, :, b, :]
+            pi = linear_assignment(s) if inner else torch.arange(q)
+            inner_p[a, b], value[a, b] = pi, s[torch.arange(q), pi].sum()
+    p = linear_assignment(value)
+    return p, scatter(inner_p[torch.arange(n_h), p], p)
+
+
+def _solve_heads(st: State, names: list[str], allowed, chosen: set[str]) -> dict:
+    """A layer's attention groups: permutations by circuits, then each map inside the matched heads."""
+    spec = st.spec
+    layer = spec.groups[names[0]].layer
+    block = [n for n, g in spec.groups.items() if g.layer == layer and g.family in HEAD_FAMILIES]
+    touched = sorted({t for n in block for t in costs.touching(spec, n)} & set(st.A))
+    g0 = without(st.g, block)
+    perms = {n: st.g[n] for n in block if spec.groups[n].kind == "permutation"}
+    if any(spec.groups[n].family == "head_perm" for n in names):
+        perms = _head_perms(st, names, st.moved(touched, g0), chosen)
+    cand = {**st.g, **perms}
+    bq = st.moved(touched, {**g0, **perms})  # B's heads in A's order, maps not applied
+    for m in names:
+        grp = spec.groups[m]
+        if grp.kind == "permutation":
+            continue
+        sa, sb = costs.sides(spec, m, st.A), costs.sides(spec, m, bq)
+        found = solve_map(grp, *(x.to(G.DTYPE) for x in (sa["g"], sb["g"], sa["inv_t"], sb["inv_t"])))
+        cand[m] = scatter(found, perms[grp.indexed_by] if grp.indexed_by else None)
+    return cand
+
+
+# --- one sweep ----------------------------------------------------------------------------------------
+
+
+def _kind(spec: Spec, step: list[str]) -> str:
+    grp = spec.groups[step[0]]
+    if len(step) > 1 or grp.family in HEAD_FAMILIES:
+        return "attention"
+    return "permutation" if grp.kind == "permutation" else "scaling"
+
+
+def _step(st: State, step: list[str], solved: set[str], chosen: set[str], first: bool) -> bool:
+    spec = st.spec
+    kind = _kind(spec, step)
+    allowed = _allowed(spec, step[0], solved, chosen) if first and len(step) == 1 else None
+    if kind == "attention":
+        cand = _solve_heads(st, step, allowed, chosen)
+    elif kind == "permutation":
+        cand = _solve_permutation(st, step[0], allowed)
+    else:
+        cand = solve_scaling(st, step[0], allowed)
+    touched = sorted({t for n in step for t in costs.touching(spec, n)} & set(st.names))
+    return st.offer(touched, cand, allowed)
+
+
+def descend(st: State, chosen: set[str], first: bool, by_kind: dict) -> tuple[int, int]:
+    """One sweep of coordinate descent over the chosen groups acting on `st`'s tensors: (steps, rejected)."""
+    solved, count, rejected = set(), 0, 0
+    for step in schedule(st.spec, chosen):
+        t0 = time.perf_counter()
+        rejected += not _step(st, step, solved, chosen, first)
+        kind = _kind(st.spec, step)
+        by_kind[kind] = by_kind.get(kind, 0.0) + time.perf_counter() - t0
+        solved.update(step)
+        count += 1
+    return count, rejected

@@ -1,0 +1,78 @@
+"""Weight matching streamed from checkpoints: one part (embeddings, a block, the head) of each model
+at a time, the block's own groups solved given the residual element, and the residual statistics
+(`residual.ResidualFit`) accumulated on the way (see `weight.py` for the method).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import groups as G
+from ..apply import apply
+from ..spec import Spec
+from .residual import ROTATION, SCALE, ResidualFit
+from .timer import Timer
+from .weight_state import State
+from .weight_steps import descend
+
+
+def sources(A, B, dtype):
+    from ..model import InMemoryParts
+
+    wrap = lambda x: InMemoryParts(x, dtype) if isinstance(x, dict) else x  # noqa: E731
+    return wrap(A), wrap(B)
+
+
+class StreamRun:
+    """The state of one weight-matching run: the current element, and one method per part visited.
+
+    Each part lives only inside the method that reads it, so at most one part of each model is held."""
+
+    def __init__(self, spec: Spec, src_a, src_b, chosen: set[str], g: dict):
+        self.spec, self.src_a, self.src_b, self.chosen, self.g = spec, src_a, src_b, chosen, g
+        self.res_groups = [n for n in (ROTATION, SCALE) if n in spec.groups]
+        self.steps = self.rejected = 0
+        self.seconds: dict[str, float] = {}
+        self.timer = Timer(self.seconds)
+
+    def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.g[ROTATION], self.g.get(SCALE, torch.tensor(1.0, dtype=G.DTYPE))
+
+    def set_residual(self, r: torch.Tensor, a: torch.Tensor) -> None:
+        self.g[ROTATION] = r
+        if SCALE in self.g:
+            self.g[SCALE] = a
+
+    def _read(self, key):
+        from ..merge import check_same_tensors
+
+        with self.timer("reading"):
+            pa, pb = self.src_a.part(key), self.src_b.part(key)
+        check_same_tensors(pa, pb)
+        return pa, pb
+
+    def _without_residual(self, pb: dict) -> dict:
+        return apply(self.spec, {n: x for n, x in self.g.items() if n not in self.res_groups}, pb)
+
+    def start_part(self, key, total: ResidualFit, ends: ResidualFit) -> None:
+        pa, pb = self._read(key)
+        with self.timer("residual statistics"):
+            x = self._without_residual(pb)
+            total.add(pa, x)
+            if not isinstance(key, int):
+                ends.add(pa, x)
+
+    def sweep_part(self, key, fit: ResidualFit, first: bool) -> None:
+        """A block's own groups given the residual element (one `descend`), then its residual statistics."""
+        pa, pb = self._read(key)
+        layer = {n for n in self.chosen if self.spec.groups[n].layer == key} if isinstance(key, int) else set()
+        if layer:
+            with self.timer("applying"):
+                pr = apply(self.spec, {n: self.g[n] for n in self.res_groups}, pb)
+            st = State(self.spec, pa, pr, {n: x for n, x in self.g.items() if self.spec.groups[n].layer == key})
+            n_steps, n_rej = descend(st, layer, first, self.seconds)
+            self.steps, self.rejected = self.steps + n_steps, self.rejected + n_rej
+            self.g.update(st.g)
+            del pr, st
+        with self.timer("residual statistics"):
+            fit.add(pa, self._without_residual(pb))
