@@ -43,7 +43,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     a, b = load_model(args.a), load_model(args.b)
     test = load_batches(args.a, args.data, "test", batch_size=args.batch_size, max_batches=args.max_batches)
-    default = [f for f in b.spec.families() if f != "residual_scale"]
+    default = b.spec.default_families()
 
     def row(name, pb, seconds=0.0):
         r = barrier(a, dataclasses.replace(b, params=pb), test, points=11, progress=False)

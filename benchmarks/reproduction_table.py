@@ -74,7 +74,7 @@ def families_for(spec, drop, add) -> list[str]:
     `drop` may instead name a subset of `SUBSETS`, the row's only families."""
     if isinstance(drop, str):
         return [f for f in spec.restricted(SUBSETS[drop]).families() if f in SUBSETS[drop]]
-    default = [f for f in spec.families() if f != "residual_scale"]
+    default = spec.default_families()
     return [f for f in spec.families() if (f in default and f not in drop) or f in add]
 
 

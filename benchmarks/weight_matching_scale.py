@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--precision", choices=("float32", "float64"), default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-only", action="store_true", help="only write the two checkpoints")
-    ap.add_argument("--groups", default=None, help="comma-separated families (default: align's, all but residual_scale)")
+    ap.add_argument("--groups", default=None, help="comma-separated families (default: the spec's default families, as align)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
@@ -121,7 +121,7 @@ def main() -> None:
     steps_mod.solve_map = Timed(steps_mod.solve_map, seconds, "procrustes_maps")
     residual_mod.procrustes = Timed(residual_mod.procrustes, seconds, "procrustes_maps")
     log: list = []
-    fams = args.groups.split(",") if args.groups else [f for f in a.spec.families() if f != "residual_scale"]
+    fams = args.groups.split(",") if args.groups else a.spec.default_families()
     res = weight_mod.weight_match(a.spec, Source(a, log), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
                                   dtype=dtype, progress=True)
     end, rss_end = time.perf_counter(), rss_gib()

@@ -19,12 +19,16 @@ from . import SymmergeError
 from .apply import apply
 from .barrier import barrier
 from .data import load_batches
+from .match import registry
 from .model import Model, load_model
+from .report import write as write_report
 from .train import TrainArgs, train
 
-METHODS = ("plain", "weight", "activation", "learned", "dual")
-LABELS = {"plain": "plain averaging", "weight": "weight matching", "activation": "activation matching",
-          "learned": "learned matching", "dual": "dual learned matching"}
+METHODS = ("plain", *registry.MATCHERS)
+LABELS = {"plain": "plain averaging", **{m.name: m.label for m in registry.MATCHERS.values()}}
+#: the figure each matcher adds to its row: (row key, key of the matcher's figures)
+SUMMARY = {"weight": ("similarity", "objective"), "learned": ("validation_barrier", "barrier_after"),
+           "dual": ("validation_barrier", "barrier_after")}
 
 
 @dataclasses.dataclass
@@ -34,6 +38,7 @@ class DemoArgs:
     seeds: tuple[int, int] = (0, 1)
     train_steps: int | None = None  # default: the demo preset's
     learn_steps: int = 150
+    learn_lr: float = 1e-2  # learned and dual alike (the demo's figures); align's defaults differ per method
     match_iters: int = 20  # weight-matching sweeps
     test_batches: int = 8
     methods: tuple[str, ...] = METHODS
@@ -70,25 +75,16 @@ def _train_pair(args: DemoArgs, out: Path) -> tuple[Path, Path]:
 
 def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: DemoArgs) -> tuple[dict, dict, dict]:
     """(params of A's side, params of B's side, what the method reports) for one method."""
-    from .match.activation import activation_match
-    from .match.learn_config import LearnConfig
-    from .match.learned import learn
-    from .match.weight import weight_match
-
     if method == "plain":
         return a.params, b.params, {}
-    families = [f for f in b.spec.families() if f != "residual_scale"]  # see commands.align.default_families
-    wm = weight_match(b.spec, a.params, b.params, families, max_iters=args.match_iters)
-    if method == "weight":
-        return a.params, apply(b.spec, wm.g, b.params), {"similarity": wm.history}
-    if method == "activation":
-        am = activation_match(a, b, train_batches, families)
-        return a.params, apply(b.spec, am.g, b.params), {}
-    cfg = LearnConfig(method=method, steps=args.learn_steps, eval_every=max(1, args.learn_steps // 5),
-                      progress=args.progress)
-    res = learn(a, b, train_batches, val_batches, cfg, init=wm.g)
+    opts = {"max_iters": args.match_iters, "steps": args.learn_steps, "eval_every": max(1, args.learn_steps // 5),
+            "lr": args.learn_lr}
+    res = registry.align(method, a, b, b.spec.default_families(), registry.Data(train_batches, val_batches), opts,
+                         progress=args.progress)
     pa = apply(a.spec, res.elements["A"], a.params) if "A" in res.elements else a.params
-    return pa, apply(b.spec, res.elements["B"], b.params), {"validation_barrier": res.report.get("barrier_after")}
+    row = SUMMARY.get(method)
+    info = {row[0]: res.figures.get(row[1])} if row else {}
+    return pa, apply(b.spec, res.elements["B"], b.params), info
 
 
 def _function_gap(model: Model, params: dict, batch: dict) -> float:
@@ -125,7 +121,7 @@ def run_demo(args: DemoArgs) -> dict:
         rows.append({"method": method, "label": LABELS[method], "max_endpoint_logit_change": gap, **curve, **info,
                      "barrier_seconds": curve["seconds"], "seconds": time.perf_counter() - start})
     report = {"data": args.data, "arch": a.shape.hf_class, "a": str(path_a), "b": str(path_b), "results": rows}
-    (out / "demo-report.json").write_text(json.dumps(report, indent=2, default=str))
+    write_report(out / "demo-report.json", "demo", report)
     plot_methods(rows, out / "demo-barriers.png", f"{a.shape.hf_class} on {args.data}: seeds {args.seeds[0]} and {args.seeds[1]}")
     return report
 

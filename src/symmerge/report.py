@@ -1,10 +1,60 @@
-"""Human- and machine-readable descriptions of models and results."""
+"""Human- and machine-readable descriptions of models and results, and the one JSON report schema.
+
+Every command that writes a JSON report (`align --json`, `barrier --json`, `eval --json`,
+`inspect --json`, `demo`'s demo-report.json) writes it through `dumps` / `write`: one JSON object,
+
+    {"schema_version": 1, "command": "align", "symmerge_version": "0.x.y", ...payload}
+
+with the command's own keys (its payload) at the top level after the three stamps, so that readers
+of a key find it where it always was:
+
+- align: method, a, b, out, groups_selected, objective_name, objective (similarity per iteration),
+  iterations, seconds, steps, steps_without_improvement, the method's extras (restarted and
+  seconds_by_step_kind; activation: fit) and the groups found (`match.summary.summarize`); learned /
+  dual instead: method, steps, time_s, barrier_before, barrier_after, best_step, stopped_early,
+  diverged, lambdas, losses_before, losses_after, parameterisation, fixed_groups, settings, history,
+  outputs (input, output, max_logit_diff each) and weight_matching (objective, seconds);
+- barrier: lambdas, loss, accuracy, barrier, barrier_lambda, accuracy_barrier and the rest of
+  `barrier.barrier`'s result, then a, b, data, split;
+- eval: `evaluate.evaluate`'s figures (loss, loss_se, accuracy, accuracy_se, n_items, n_scored,
+  n_batches, ...), then model, data, split;
+- inspect: `describe` below;
+- demo: data, arch, a, b, results (one row per method: method, label, max_endpoint_logit_change, the
+  barrier curve, the method's figure, barrier_seconds, seconds).
+
+`schema_version` grows when a key changes its meaning or goes away; new keys do not bump it.
+Checkpoints' own symmerge.json (training and alignment provenance, read back by `model.LazyModel`)
+is metadata, not a report, and is not stamped.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+from . import SymmergeError, __version__
 from .model import LazyModel
+
+SCHEMA_VERSION = 1
+STAMPS = ("schema_version", "command", "symmerge_version")
+
+
+def stamped(command: str, payload: dict) -> dict:
+    """The report of `command`: the schema's stamps, then the payload's keys unchanged."""
+    clash = [k for k in STAMPS if k in payload]
+    if clash:
+        raise SymmergeError(f"the {command} report already has the schema's keys {clash}")
+    return {"schema_version": SCHEMA_VERSION, "command": command, "symmerge_version": __version__, **payload}
+
+
+def dumps(command: str, payload: dict) -> str:
+    """The report as JSON text (indented; objects JSON does not know, such as paths, as strings)."""
+    return json.dumps(stamped(command, payload), indent=2, default=str)
+
+
+def write(path, command: str, payload: dict) -> None:
+    Path(path).write_text(dumps(command, payload) + "\n")
 
 
 def describe(model: LazyModel) -> dict:

@@ -47,6 +47,17 @@ class Spec:
     def families(self) -> list[str]:
         return [f for f in FAMILIES if any(g.family == f for g in self.groups.values())]
 
+    def default_families(self) -> list[str]:
+        """The families matched when none are named (`align`, `demo`, learned matching, the benchmarks):
+        every family but the residual scale.
+
+        Weight matching's best scale for B's writers shrinks towards 0 when the two models' writers are
+        weakly correlated (0.24 on the demo's ViT pair), and the shrunk endpoint raises the barrier
+        (0.157 -> 0.396 there); learned, the scale lets the interpolation collapse onto one endpoint (the
+        midpoint of A and c·B computes B's function as c grows, by scale invariance), which lowers the
+        measured barrier without merging anything. Name it (`--groups all`) to undo a planted scale."""
+        return [f for f in self.families() if f != "residual_scale"]
+
     def restricted(self, families: list[str] | None) -> Spec:
         """This spec, with the residual rotation restricted to permutation matrices when `families` names
         residual_perm. Permutations fix the all-ones vector, so LayerNorm models admit them too; the group

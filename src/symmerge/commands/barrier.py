@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -57,7 +56,9 @@ def run(args) -> int:
     print(f"loss barrier {result['barrier']:.4f} at λ={result['barrier_lambda']:.3f}; "
           f"accuracy barrier {result['accuracy_barrier']:.4f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        from ..report import write
+
+        write(args.json, "barrier", result)
     if args.plot:
         plot(result, args.plot, f"{Path(args.a).name} → {Path(args.b).name}")
     return 0

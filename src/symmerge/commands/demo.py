@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
+    from ..demo import METHODS
+
     p = sub.add_parser("demo", help="train two models from two seeds and compare the barriers of every method")
     p.add_argument("-o", "--out", default="symmerge-demo", help="folder for the pair, the report and the plot")
     p.add_argument("--data", default="digits",
@@ -13,8 +15,7 @@ def register(sub) -> None:
     p.add_argument("--learn-steps", type=int, default=150, help="steps of learned and dual matching")
     p.add_argument("--match-iters", type=int, default=20, help="weight-matching sweeps")
     p.add_argument("--test-batches", type=int, default=8, help="test batches the barriers are measured on")
-    p.add_argument("--methods", default=",".join(("plain", "weight", "activation", "learned", "dual")),
-                   help="comma-separated subset of plain,weight,activation,learned,dual")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--force", action="store_true", help="replace a folder that holds another run")
     p.set_defaults(run=run)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 
@@ -50,5 +49,7 @@ def run(args) -> int:
           f"({res['n_items']} {'images' if unit == 'image' else 'sequences'}, {res['n_scored']} scored, {res['n_batches']} batches)")
     if args.json:
         rec = jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split})
-        Path(args.json).write_text(json.dumps(rec, indent=2) + "\n")
+        from ..report import write
+
+        write(args.json, "eval", rec)
     return 0

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from ..report import describe
+from ..report import describe, dumps
 
 
 def register(sub) -> None:
@@ -19,7 +17,7 @@ def run(args) -> int:
 
     info = describe(LazyModel(args.model))
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(dumps("inspect", info))
         return 0
     print(f"{info['path']}: {info['hf_class']} ({info['arch']}), {info['parameters']:,} parameters")
     print("shape: " + ", ".join(f"{k}={v}" for k, v in info["shape"].items() if k not in ("arch", "hf_class")))

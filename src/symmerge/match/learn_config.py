@@ -16,6 +16,10 @@ from .objective import grid
 METHODS = ("learned", "dual")
 LAM_SAMPLING = ("uniform", "peak")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: Adam's learning rate per method: dual at half, since at the start its two sides take opposite copies
+#: of the one-sided step (tests/test_learned.py::test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice)
+DEFAULT_LR = {"learned": 1e-2, "dual": 5e-3}
+
 
 def parse_lam_range(text: str) -> tuple[float, float]:
     """"0.4,0.6" -> (0.4, 0.6); a single number means a fixed lambda. Checked by LearnConfig.validate."""
@@ -31,10 +35,10 @@ def parse_lam_range(text: str) -> tuple[float, float]:
 @dataclass
 class LearnConfig:
     method: str = "learned"
-    groups: list[str] | None = None  # families to learn (default: all)
+    groups: list[str] | None = None  # families to learn (default: Spec.default_families)
     param: str = "auto"  # see parametrize.resolve_methods
     steps: int = 200
-    lr: float = 1e-2
+    lr: float | None = None  # None: the method's DEFAULT_LR
     lam_range: tuple[float, float] = (0.4, 0.6)
     lam_sampling: str = "uniform"  # or "peak": half the steps near the validation curve's highest points
     seed: int = 0
@@ -45,6 +49,10 @@ class LearnConfig:
     dtype: str = "float32"  # of the HF forward; group algebra is always float64
     checkpoint_every: int = 50
     progress: bool = True
+
+    def __post_init__(self):
+        if self.lr is None and self.method in DEFAULT_LR:
+            self.lr = DEFAULT_LR[self.method]
 
     def validate(self) -> None:
         lo, hi = self.lam_range
@@ -58,7 +66,7 @@ class LearnConfig:
             raise SymmergeError(f"anchor must be residual or absolute, not {self.anchor!r}")
         if self.dtype not in DTYPES:
             raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}")
-        if self.steps < 0 or self.eval_every < 1 or self.lr <= 0:
+        if self.steps < 0 or self.eval_every < 1 or self.lr is None or self.lr <= 0:
             raise SymmergeError("--steps must be >= 0, eval_every >= 1 and the learning rate > 0")
         grid(self.grid_points)
 

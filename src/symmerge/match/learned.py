@@ -22,9 +22,8 @@ validation curve stands highest above the straight line, see `learn_loop.peak_la
 "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity, where every
 parameterisation is best conditioned); "absolute" learns g itself from `from_element(g0)`.
 
-The residual scale is learned only when named in `groups`: with it, the interpolation can collapse
-onto one endpoint (the midpoint of A and c·B computes B's function as c grows, by scale invariance),
-which lowers the measured barrier without merging anything.
+The residual scale is learned only when named in `groups` (`Spec.default_families` says why: with
+it, the interpolation can collapse onto one endpoint).
 
 The loop (`learn_loop.py`) draws every step's batch and lambda from (seed, step) alone, so a resumed
 run equals an uninterrupted one; it tracks the validation barrier every `eval_every` steps and

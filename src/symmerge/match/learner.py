@@ -69,9 +69,7 @@ class Learner:
         self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec.restricted(cfg.groups)
         self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
         _check_element(self.spec, self.init, "the initial element")
-        selected = self.spec.select(cfg.groups)
-        if cfg.groups is None:  # see the module docstring: a learned scale lets the path collapse
-            selected = [n for n in selected if self.spec.groups[n].family != "residual_scale"]
+        selected = self.spec.select(self.spec.default_families() if cfg.groups is None else cfg.groups)
         self.dual = cfg.method == "dual"
         cont = [n for n in selected if learnable(self.spec.groups[n])]
         ste = [] if self.dual else [n for n in selected if straight_through(self.spec.groups[n])]

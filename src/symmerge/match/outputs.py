@@ -1,5 +1,6 @@
 """Write the outputs of learned / dual matching and measure that each computes its input's function;
-`learned_align` is the one call behind `symmerge align --method learned|dual`."""
+`learned_align` is learning and writing in one call (`symmerge align --method learned|dual` runs the
+same pieces around the matcher registry: `open_checkpoint`, the run, `finish_learned`)."""
 
 from __future__ import annotations
 
@@ -55,20 +56,34 @@ def checkpoint_folder(out) -> Path:
     return out.with_name(out.name + ".learn-state")
 
 
-def learned_align(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConfig, out, init=None,
-                  force: bool = False, resume: bool = False, keep_checkpoint: bool = False) -> dict:
-    """Learn, write OUT (g·B, or A/ and B/ for dual) and return the JSON report with, for every output,
-    the largest logit difference from its input (on the first validation batch). The run's state lives
-    in `checkpoint_folder(out)` until OUT is written (then it is removed unless `keep_checkpoint`)."""
+def open_checkpoint(out, force: bool = False, resume: bool = False) -> Path:
+    """Check OUT can be written and give the run's checkpoint folder (`checkpoint_folder(out)`): an
+    unfinished run there is continued (`resume`), replaced (`force`) or refused."""
     prepare_output(out, force)  # fail before any work
     ckpt = checkpoint_folder(out)
     if not resume and ckpt.exists():
         if not force:
             raise SymmergeError(f"{ckpt} holds an unfinished run; pass --resume to continue it or --force to start over")
         shutil.rmtree(ckpt)
-    result = learn(a, b, train, val, cfg, init=init, checkpoint=ckpt, resume=resume)
+    return ckpt
+
+
+def finish_learned(result: Result, a: Model, b: Model, out, force: bool, batch: dict, ckpt: Path,
+                   keep_checkpoint: bool = False) -> dict:
+    """Write OUT (g·B, or A/ and B/ for dual) and return the report with, for every output, the largest
+    logit difference from its input on `batch`; then remove the checkpoint unless `keep_checkpoint`."""
     pairs = save_outputs(result, a, b, out, force)
-    report = dict(result.report, outputs=output_report(pairs, a.shape.hf_class, val[0]))
+    report = dict(result.report, outputs=output_report(pairs, a.shape.hf_class, batch))
     if not keep_checkpoint:
         shutil.rmtree(ckpt, ignore_errors=True)
     return report
+
+
+def learned_align(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConfig, out, init=None,
+                  force: bool = False, resume: bool = False, keep_checkpoint: bool = False) -> dict:
+    """Learn, write OUT (g·B, or A/ and B/ for dual) and return the JSON report with, for every output,
+    the largest logit difference from its input (on the first validation batch). The run's state lives
+    in `checkpoint_folder(out)` until OUT is written (then it is removed unless `keep_checkpoint`)."""
+    ckpt = open_checkpoint(out, force, resume)
+    result = learn(a, b, train, val, cfg, init=init, checkpoint=ckpt, resume=resume)
+    return finish_learned(result, a, b, out, force, val[0], ckpt, keep_checkpoint)

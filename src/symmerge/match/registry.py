@@ -1,0 +1,227 @@
+"""Every matcher behind one interface: what it needs, its options with their one set of defaults, and
+a run function returning one result type (`Alignment`). `symmerge align` and `symmerge demo` dispatch
+through `MATCHERS`; the CLI reads its defaults and choices from here.
+
+A matcher is registered with
+- `needs_data`: it runs both models on batches (`Data.train`); `validates`: it also needs validation
+  batches (`Data.val`, on which learned matching picks its best state);
+- `starts_from`: the matcher whose solution it starts from, run first over the same groups
+  (learned and dual start from weight matching: its element is their `init`);
+- `options`: the names of the `OPTIONS` it reads (the starting matcher's options are read too);
+- `run(a, b, families, data, opts, start, **runtime) -> Alignment`, `opts` holding every option of
+  the matcher and its start (`options_for`), `runtime` what does not change the result (`progress`)
+  or belongs to one call (`checkpoint`, `resume` of learned matching).
+
+Adding a matcher: its module under `match/`, a run function and one `Matcher(...)` entry below;
+`align --method NAME` and the demo then offer it, with its options and their defaults.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+import torch
+
+from .. import SymmergeError
+from ..model import Model
+from .learn_config import DEFAULT_LR, LAM_SAMPLING, LearnConfig, parse_lam_range
+from .weight import weight_match
+
+
+@dataclass
+class Alignment:
+    """What every matcher returns.
+
+    `elements[side]` is the element whose action on that input gives its output: "B" always, "A" too
+    when both endpoints move (dual matching). `figures`: the method's JSON-able report (weight and
+    activation matching: the objective per iteration, steps and timings; learned and dual: the
+    validation barriers, the history and the settings). `start`: the alignment it started from."""
+
+    method: str
+    elements: dict[str, dict[str, torch.Tensor]]
+    figures: dict
+    start: Alignment | None = None
+
+
+@dataclass
+class Data:
+    """Batches for the data-driven matchers: `train` to fit on, `val` to choose the best state on."""
+
+    train: list[dict]
+    val: list[dict] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: `default` is the value, or {method: value} where it differs by method; `type` parses
+    the command line's text (the default is given already parsed)."""
+
+    name: str
+    default: object
+    help: str
+    type: Callable | None = None
+    choices: tuple | None = None
+
+    def default_for(self, method: str):
+        return self.default[method] if isinstance(self.default, dict) else self.default
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _signature_default(fn, name: str):
+    return inspect.signature(fn).parameters[name].default
+
+
+def _learn_default(name: str):
+    return LearnConfig.__dataclass_fields__[name].default
+
+
+OPTIONS = {o.name: o for o in (
+    Option("max_iters", _signature_default(weight_match, "max_iters"), "most sweeps over the groups", int),
+    Option("precision", str(_signature_default(weight_match, "dtype")).replace("torch.", ""),
+           "precision of the algebra; float32 for large models (less memory, faster products)",
+           choices=("float64", "float32")),
+    Option("param", _learn_default("param"), "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: "
+           "cayley for orthogonal, polar for invertible groups)"),
+    Option("steps", _learn_default("steps"), "optimiser steps", int),
+    Option("lr", DEFAULT_LR, "Adam learning rate, cosine decay (dual's two sides move the relative element twice "
+           "as fast)", float),
+    Option("lam_range", _learn_default("lam_range"), "λ drawn uniformly from LOW,HIGH per batch", parse_lam_range),
+    Option("lam_sampling", _learn_default("lam_sampling"), "uniform λ draws, or peak: half the draws near the "
+           "validation grid points where the path stands highest above the straight line (for the bump uniform "
+           "draws leave)", choices=LAM_SAMPLING),
+    Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", int),
+    Option("eval_every", _learn_default("eval_every"), "steps between validation barriers", int),
+    Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
+           "(0: never)", int),
+    Option("val_batches", 16, "validation batches (validation split) for choosing the best state; with 4 batches "
+           "of 64 MNIST images the choice followed noise (benchmarks/README.md)", int),
+    Option("val_points", _learn_default("grid_points"), "λ grid of the validation barrier, endpoints included (11 "
+           "sees the whole path as the reported barrier does, at 2.2x the validation cost)", int),
+)}
+
+
+@dataclass(frozen=True)
+class Matcher:
+    name: str
+    label: str
+    help: str
+    needs_data: bool
+    run: Callable
+    options: tuple[str, ...] = ()
+    validates: bool = False
+    starts_from: str | None = None
+    streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
+    check: Callable | None = None  # check(families, opts): refuse bad options before any work
+
+
+def _parts(model):
+    """What `weight_match` reads: an in-memory model's parameters, or a `LazyModel` itself (part by part)."""
+    return model.params if isinstance(model, Model) else model
+
+
+def _from_match(method: str, res, start=None) -> Alignment:
+    figures = {"objective": res.history, "iterations": len(res.history) - 1, "seconds": res.seconds,
+               "steps": res.steps, "steps_without_improvement": res.rejected, **res.extra}
+    return Alignment(method, {"B": res.g}, figures, start)
+
+
+def _run_weight(a, b, families, data, opts, start, progress: bool = False) -> Alignment:
+    res = weight_match(b.spec, _parts(a), _parts(b), families, opts["max_iters"], progress=progress,
+                       dtype=getattr(torch, opts["precision"]))
+    return _from_match("weight", res)
+
+
+def _run_activation(a, b, families, data, opts, start, progress: bool = False) -> Alignment:
+    from .activation import activation_match
+
+    return _from_match("activation", activation_match(a, b, data.train, families))
+
+
+def _learn_config(method: str, families, opts, progress: bool = True) -> LearnConfig:
+    cfg = LearnConfig(method=method, groups=families, param=opts["param"], steps=opts["steps"], lr=opts["lr"],
+                      lam_range=opts["lam_range"], lam_sampling=opts["lam_sampling"], seed=opts["seed"],
+                      eval_every=opts["eval_every"], patience=opts["patience"], grid_points=opts["val_points"],
+                      progress=progress)
+    cfg.validate()
+    return cfg
+
+
+def _check_learned(method: str, families, opts) -> None:
+    _learn_config(method, families, opts)
+
+
+def _run_learned(method: str, a, b, families, data, opts, start, progress: bool = True, checkpoint=None,
+                 resume: bool = False) -> Alignment:
+    from .learned import learn
+
+    cfg = _learn_config(method, families, opts, progress)
+    res = learn(a, b, data.train, data.val, cfg, init=start.elements["B"], checkpoint=checkpoint, resume=resume)
+    return Alignment(method, res.elements, res.report, start)
+
+
+_LEARN_OPTIONS = ("param", "steps", "lr", "lam_range", "lam_sampling", "seed", "eval_every", "patience",
+                  "val_batches", "val_points")
+MATCHERS = {m.name: m for m in (
+    Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
+            ("max_iters", "precision"), streams=True),
+    Matcher("activation", "activation matching", "match activations on --data", True, _run_activation),
+    Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
+            "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
+            validates=True, starts_from="weight", check=partial(_check_learned, "learned")),
+    Matcher("dual", "dual learned matching", "learn both endpoints' continuous symmetries (from the "
+            "weight-matching solution)", True, partial(_run_learned, "dual"), _LEARN_OPTIONS,
+            validates=True, starts_from="weight", check=partial(_check_learned, "dual")),
+)}
+
+
+def get(name: str) -> Matcher:
+    if name not in MATCHERS:
+        raise SymmergeError(f"unknown method {name!r}; choose from {', '.join(MATCHERS)}")
+    return MATCHERS[name]
+
+
+def option_names(name: str) -> list[str]:
+    """The options a matcher reads: its own and its start's."""
+    m = get(name)
+    return [*(option_names(m.starts_from) if m.starts_from else []), *m.options]
+
+
+def options_for(name: str, given: dict | None = None) -> dict:
+    """Every option of the matcher (and of its start), from `given` where it is not None, else the default."""
+    given = given or {}
+    out = {}
+    for o in option_names(name):
+        out[o] = given[o] if given.get(o) is not None else OPTIONS[o].default_for(name)
+    return out
+
+
+def check(name: str, families: list[str] | None, opts: dict) -> None:
+    """Refuse bad options of matcher `name` (and of its start) before any work."""
+    m = get(name)
+    if m.starts_from:
+        check(m.starts_from, families, opts)
+    if m.check is not None:
+        m.check(families, opts)
+
+
+def users(option: str) -> list[str]:
+    """The matchers that read `option`, themselves or through the matcher they start from."""
+    return [name for name in MATCHERS if option in option_names(name)]
+
+
+def align(name: str, a, b, families: list[str] | None, data: Data | None = None, opts: dict | None = None,
+          start: Alignment | None = None, **runtime) -> Alignment:
+    """Run matcher `name` (after the matcher it starts from, unless `start` is given) on B against A."""
+    m = get(name)
+    opts = options_for(name, opts)
+    if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
+        raise SymmergeError(f"{m.label} needs data (--data): training{' and validation' if m.validates else ''} batches")
+    if m.starts_from and start is None:
+        start = align(m.starts_from, a, b, families, data, opts, progress=runtime.get("progress", False))
+    return m.run(a, b, families, data, opts, start, **runtime)

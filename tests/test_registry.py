@@ -1,0 +1,73 @@
+"""The matcher registry and the JSON report schema: one set of defaults, read by the CLI, the library
+configuration and the demo; every report stamped the same way. No model is trained here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from factories import ARCHS, make_config
+from symmerge import SymmergeError, __version__
+from symmerge.adapters import adapter_for
+from symmerge.cli import build_parser
+from symmerge.match import registry
+from symmerge.match.learn_config import DEFAULT_LR, LearnConfig
+from symmerge.report import SCHEMA_VERSION, dumps, stamped
+from symmerge.spec import build_spec
+
+
+def test_align_parser_defaults_are_the_registry_defaults():
+    """Every option's argparse default is the registry's (None where it differs by method, filled in by
+    `options_for`), and `options_for` gives each method its own learning rate."""
+    args = build_parser().parse_args(["align", "a", "b", "-o", "out"])
+    for name, opt in registry.OPTIONS.items():
+        expected = None if isinstance(opt.default, dict) else opt.default
+        assert getattr(args, name) == expected, name
+    for method in ("learned", "dual"):
+        opts = registry.options_for(method, vars(args))
+        assert opts["lr"] == DEFAULT_LR[method] and opts["steps"] == LearnConfig().steps
+        assert opts["max_iters"] == registry.OPTIONS["max_iters"].default  # the weight matching it starts from
+    given = build_parser().parse_args(["align", "a", "b", "-o", "out", "--lr", "0.3", "--lam-range", "0.2,0.7"])
+    opts = registry.options_for("dual", vars(given))
+    assert opts["lr"] == 0.3 and opts["lam_range"] == (0.2, 0.7)
+
+
+def test_learn_config_takes_the_method_learning_rate():
+    assert LearnConfig(method="learned").lr == DEFAULT_LR["learned"]
+    assert LearnConfig(method="dual").lr == DEFAULT_LR["dual"] != DEFAULT_LR["learned"]
+    assert LearnConfig(method="dual", lr=0.1).lr == 0.1
+
+
+def test_every_matcher_is_complete():
+    """Each matcher names known options; one that starts from another starts from a registered one that
+    needs no more data than it does; an unknown name is refused."""
+    for m in registry.MATCHERS.values():
+        assert all(o in registry.OPTIONS for o in m.options), m.name
+        if m.starts_from:
+            start = registry.get(m.starts_from)
+            assert not start.needs_data or m.needs_data
+        assert not m.validates or m.needs_data
+    with pytest.raises(SymmergeError, match="unknown method"):
+        registry.get("nope")
+    with pytest.raises(SymmergeError, match="grid points"):
+        registry.check("learned", None, registry.options_for("learned", {"val_points": 2}))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_default_families_are_all_but_the_residual_scale(arch):
+    config = make_config(arch)
+    spec = build_spec(adapter_for(config).shape(config))
+    assert spec.default_families() == [f for f in spec.families() if f != "residual_scale"]
+    assert "residual_rotation" in spec.default_families()
+
+
+def test_reports_are_stamped():
+    """The stamps come first and the payload's keys follow unchanged; a payload may not redefine a stamp."""
+    payload = {"method": "weight", "objective": [0.5, 0.75]}
+    rep = json.loads(dumps("align", payload))
+    assert list(rep)[:3] == ["schema_version", "command", "symmerge_version"]
+    assert rep["schema_version"] == SCHEMA_VERSION and rep["command"] == "align" and rep["symmerge_version"] == __version__
+    assert {k: rep[k] for k in payload} == payload
+    with pytest.raises(SymmergeError, match="schema"):
+        stamped("align", {"command": "x"})
