@@ -12,6 +12,17 @@ from factories import ARCHS, make_model  # noqa: E402
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+def shared_data(name: str, *also: str) -> Path:
+    """`SHARED_DATA / name`, the one way tests reach the shared data. When it, or one of the files `also`
+    read beside it, is absent, the calling test (or fixture) is skipped with a reason naming the missing
+    file and where it is expected."""
+    for n in (name, *also):
+        if not (SHARED_DATA / n).exists():
+            pytest.skip(f"needs the shared data file {n}: {SHARED_DATA / n} does not exist "
+                        "(the data is expected in ../shared/data beside the checkout)")
+    return SHARED_DATA / name
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
     """One saved float64 tiny checkpoint per test architecture (built once per session)."""

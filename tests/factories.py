@@ -29,6 +29,12 @@ def _configs() -> dict:
         "qwen2": lambda: T.Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                        intermediate_size=40, vocab_size=61, max_position_embeddings=32,
                                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+        # Mistral: GQA, a sliding window shorter than the test sequences (12 tokens), and a head_dim that
+        # is not hidden_size / num_attention_heads (q_proj is 48 x 32)
+        "mistral": lambda: T.MistralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=12, intermediate_size=40, vocab_size=61,
+                                           max_position_embeddings=32, sliding_window=5, tie_word_embeddings=False,
+                                           bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -46,7 +52,7 @@ CLASSES = {"vit": T.ViTForImageClassification}
 def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-                             "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
+                             "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

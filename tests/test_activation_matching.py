@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 import transformers as T
 
-from factories import example_inputs, logits, make_model, rel_distance, save_model
+from checks import assert_different_function, assert_same_function, with_tensor_of
+from conftest import shared_data
+from factories import example_inputs, make_model, rel_distance, save_model
 from symmerge import cli
 from symmerge.apply import apply
 from symmerge.match.activation import activation_match
@@ -23,8 +24,6 @@ from symmerge.model import load_model
 from symmerge.spec import random_element
 from symmerge.tokenizers import char_tokenizer
 from test_weight_matching import SUPPORTED
-
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
 
 def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
@@ -82,7 +81,8 @@ def test_cli_activation_align(tmp_path, fake_data, arch):
     x = example_inputs(arch)
     hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
     hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
-    assert float((logits(hf_c, x) - logits(hf_b, x)).abs().max()) <= 1e-4
+    assert_same_function(hf_c, hf_b, x, what=f"{arch} aligned")
+    assert_different_function(with_tensor_of(hf_c, hf_b), hf_b, x, what="one reader left as B has it")
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["method"] == "activation" and rep["fit"]["residual_r2"] > 1 - 1e-9
 
@@ -98,8 +98,10 @@ def test_activation_unrelated_models_keep_b_function(tmp_path):
 
     config, sd = export_state_dict(B, C)
     x = example_inputs("llama")
-    ref = logits(T.AutoModelForCausalLM.from_pretrained(b).eval(), x)
-    assert float((logits(build_hf_model(config, sd, B.shape.hf_class), x) - ref).abs().max()) <= 1e-5
+    hf_b = T.AutoModelForCausalLM.from_pretrained(b).eval()
+    out = build_hf_model(config, sd, B.shape.hf_class)
+    assert_same_function(out, hf_b, x, what="llama aligned")  # float32 precision: RMSNorm runs in float32
+    assert_different_function(with_tensor_of(out, hf_b), hf_b, x, what="one reader left as B has it")
 
 
 def test_activation_without_data_fails_cleanly(tmp_path, capsys):
@@ -111,7 +113,7 @@ def test_activation_without_data_fails_cleanly(tmp_path, capsys):
 
 def test_cli_activation_align_on_real_text(tmp_path):
     """Through the real data API: Tiny Shakespeare, the model folder's own (char) tokenizer."""
-    text = SHAKESPEARE.read_text()[:20000]
+    text = shared_data("tinyshakespeare.txt").read_text()[:20000]
     (tmp_path / "text.txt").write_text(text)
     tok = char_tokenizer(text)
     torch.manual_seed(0)
@@ -127,4 +129,5 @@ def test_cli_activation_align_on_real_text(tmp_path):
     x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
     hf_b = T.AutoModelForCausalLM.from_pretrained(tmp_path / "b").eval()
     hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
-    assert float((logits(hf_c, x) - logits(hf_b, x)).abs().max()) <= 1e-4
+    assert_same_function(hf_c, hf_b, x, what="gpt2 aligned")
+    assert_different_function(with_tensor_of(hf_c, hf_b), hf_b, x, what="one reader left as B has it")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 import transformers as T
 
+from conftest import shared_data
 from symmerge import SymmergeError
 from symmerge.cli import main
 from symmerge.data import load_batches, split_range
@@ -20,13 +21,10 @@ from symmerge.evaluate import evaluate, evaluate_params
 from symmerge.images import load_images, preprocess, processor_config, write_processor_config
 from symmerge.tokenizers import bpe_tokenizer, char_tokenizer, gpt2_tokenizer
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHAKESPEARE = SHARED / "tinyshakespeare.txt"
-
 
 @pytest.fixture(scope="module")
 def text() -> str:
-    return SHAKESPEARE.read_text()[:20000]
+    return shared_data("tinyshakespeare.txt").read_text()[:20000]
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +82,12 @@ def test_bpe_tokenizer_round_trip_deterministic(tmp_path, text):
 
 
 def test_gpt2_tokenizer_matches_published_encoding(tmp_path, text):
-    gpt2_tokenizer(SHARED).save_pretrained(tmp_path)
+    encoder = shared_data("gpt2-encoder.json", "gpt2-vocab.bpe")
+    gpt2_tokenizer(encoder.parent).save_pretrained(tmp_path)
     tok = T.AutoTokenizer.from_pretrained(tmp_path)
     assert len(tok) == 50257
     assert tok("Hello world", add_special_tokens=False)["input_ids"] == [15496, 995]  # GPT-2's published ids
-    ref = T.GPT2Tokenizer(vocab=str(SHARED / "gpt2-encoder.json"), merges=str(SHARED / "gpt2-vocab.bpe"))
+    ref = T.GPT2Tokenizer(vocab=str(encoder), merges=str(encoder.parent / "gpt2-vocab.bpe"))
     ours = tok(text[:3000], add_special_tokens=False)["input_ids"]
     assert ours == ref.encode(text[:3000])  # transformers' own GPT-2 tokenizer built from the same files
     assert tok.decode(ours) == text[:3000]
@@ -190,17 +189,18 @@ def test_evaluate_vit_equals_hand_loss(tmp_path):
 def test_image_splits(tmp_path):
     sizes = {s: len(load_images("digits", s)[1]) for s in ("train", "validation", "test", "all")}
     assert sizes == {"train": 1437, "validation": 180, "test": 180, "all": 1797}
-    x, y = load_images(str(SHARED / "fashion-mnist"), "test")
+    fashion, mnist = shared_data("fashion-mnist"), shared_data("mnist/mnist.pkl.gz")
+    x, y = load_images(str(fashion), "test")
     assert x.shape == (10000, 28, 28) and y.shape == (10000,) and float(x.max()) == 255.0
-    assert len(load_images(str(SHARED / "fashion-mnist"), "train")[1]) == 55000  # 60k minus 5k validation
+    assert len(load_images(str(fashion), "train")[1]) == 55000  # 60k minus 5k validation
     for split, n in (("validation", 10000), ("test", 10000)):
-        xp, yp = load_images(str(SHARED / "mnist" / "mnist.pkl.gz"), split)
+        xp, yp = load_images(str(mnist), split)
         assert xp.shape == (n, 28, 28) and set(yp.tolist()) == set(range(10))
         assert torch.equal(xp, xp.round()) and float(xp.max()) == 255.0  # k/256 stored -> k
 
 
 def test_preprocessing_matches_vit_image_processor():
-    x, _ = load_images(str(SHARED / "fashion-mnist"), "test")
+    x, _ = load_images(str(shared_data("fashion-mnist")), "test")
     for size, tol in ((28, 1e-6), (14, 0.02)):  # with a resize, PIL's uint8 rounding (1/255/std) differs
         cfg = processor_config(size, 1, 0.3, 0.35)
         proc = T.ViTImageProcessor(**{k: v for k, v in cfg.items() if k != "image_processor_type"})

@@ -10,6 +10,7 @@ import torch
 import transformers as T
 from safetensors.torch import load_file
 
+from conftest import shared_data
 from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
@@ -18,13 +19,11 @@ from symmerge.evaluate import evaluate
 from symmerge.presets import HF_CLASSES, PRESETS, get_preset, lm_config, vit_config
 from symmerge.train import TrainArgs, batch_indices, lr_at, train
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("text") / "shakespeare20k.txt"
-    p.write_text((SHARED / "tinyshakespeare.txt").read_text()[:20000])
+    p.write_text(shared_data("tinyshakespeare.txt").read_text()[:20000])
     return p
 
 
@@ -94,7 +93,7 @@ def test_each_arch_trains_to_a_stock_checkpoint(tmp_path, text_file, arch, data,
 def test_cli_train_with_gpt2_bpe_and_eval(tmp_path, text_file, capsys):
     out = tmp_path / "g"
     assert main(["train", "--arch", "gpt2", "--preset", "tiny", "--data", str(text_file), "--seed", "3", "-o", str(out),
-                 "--tokenizer", "gpt2", "--gpt2-bpe", str(SHARED), "--steps", "4"]) == 0
+                 "--tokenizer", "gpt2", "--gpt2-bpe", str(shared_data("gpt2-encoder.json", "gpt2-vocab.bpe").parent), "--steps", "4"]) == 0
     assert "wrote" in capsys.readouterr().out
     tok = T.AutoTokenizer.from_pretrained(out)
     assert len(tok) == 50257 and T.GPT2LMHeadModel.from_pretrained(out).config.vocab_size == 50257
