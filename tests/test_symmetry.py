@@ -12,8 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-import checks
-from checks import NORM_IN_FP32
+from checks import NORM_IN_FP32, assert_same_function, gap
 from factories import ARCHS, example_inputs, logits, make_config
 from symmerge import groups as G
 from symmerge.apply import apply
@@ -23,10 +22,9 @@ from symmerge.spec import compose, inverse, random_element
 SEEDS = (0, 1, 2)
 
 
-def tolerance(arch: str, ref: torch.Tensor) -> float:
-    """`checks.tolerance` for the float64 test model of `arch` (float32 where its norms compute in float32)."""
-    dtype = torch.float32 if make_config(arch).model_type in NORM_IN_FP32 else torch.float64
-    return checks.tolerance(dtype, ref)
+def precision(arch: str) -> torch.dtype:
+    """What the float64 test model of `arch` computes in: float32 where its norms compute in float32."""
+    return torch.float32 if make_config(arch).model_type in NORM_IN_FP32 else torch.float64
 
 
 def forward(model, params, inputs):
@@ -65,7 +63,7 @@ def test_canonical_form_computes_the_source_function(arch, model_dirs, loaded, r
 
     source = make_model(arch)  # the same weights that were saved
     ref = logits(source, example_inputs(arch))
-    assert (references[arch] - ref).abs().max() <= tolerance(arch, ref)
+    assert_same_function(references[arch], ref, dtype=precision(arch), what=f"canonical form of {arch}")
 
 
 @pytest.mark.parametrize("arch,family,seed", cases())
@@ -77,7 +75,7 @@ def test_group_element_preserves_logits_and_inverts(arch, family, seed, loaded, 
 
     ref = references[arch]
     out = forward(model, moved, example_inputs(arch))
-    assert (out - ref).abs().max() <= tolerance(arch, ref), f"{family} changed the logits of {arch}"
+    assert_same_function(out, ref, dtype=precision(arch), what=f"{arch} moved by {family}")
 
     # the parameters really changed (discrete groups on tiny sizes can draw the identity: avoid by seed)
     change = max(float((moved[k] - model.params[k]).abs().max()) for k in model.params)
@@ -128,7 +126,7 @@ def _flip(spec, group_prefix: str, how_from: str, how_to: str):
 
 def _changed(model, spec, g, arch, references) -> float:
     out = forward(model, apply(spec, g, model.params), example_inputs(arch))
-    return float((out - references[arch]).abs().max()) / tolerance(arch, references[arch])
+    return gap(out, references[arch], dtype=precision(arch))
 
 
 def reader_cases():
