@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import torch
 
-RESIDUAL_WRITERS = ("embed.W_E", "embed.W_pos", "embed.W_patch", "embed.b_patch", "embed.cls")
-
 
 def fold_norm(w: torch.Tensor, b: torch.Tensor | None, gamma: torch.Tensor, beta: torch.Tensor | None):
     """Fold `x -> n * gamma + beta` into the reader `y = x W^T + b`; W: [out, d_model]."""
