@@ -17,7 +17,7 @@ import transformers as T
 from checks import assert_different_function, assert_same_function, with_tensor_of
 from conftest import shared_data
 from factories import example_inputs, make_model, rel_distance, save_model
-from symmerge import cli
+from symmerge import SymmergeError, cli
 from symmerge.apply import apply
 from symmerge.match.activation import activation_match
 from symmerge.model import load_model
@@ -131,3 +131,11 @@ def test_cli_activation_align_on_real_text(tmp_path):
     hf_c = T.AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
     assert_same_function(hf_c, hf_b, x, what="gpt2 aligned")
     assert_different_function(with_tensor_of(hf_c, hf_b), hf_b, x, what="one reader left as B has it")
+
+
+def test_activation_refuses_an_adapter_without_hook_points(tmp_path, monkeypatch):
+    """The hooked modules come from the adapter alone: an adapter that names none is refused, not guessed."""
+    A = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
+    monkeypatch.setattr(A.adapter, "hooks", None)
+    with pytest.raises(SymmergeError, match="no hook points for gpt2"):
+        activation_match(A, A, batches("gpt2"))

@@ -59,7 +59,7 @@ def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names:
     shapes = ckpt.shapes()
     for name, want in expected.items():
         if name not in names:
-            if name == "lm_head.weight" and shape.tied:
+            if name == adapter.tied_head and shape.tied:
                 continue
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
         got = shapes[names[name]]

@@ -6,8 +6,12 @@ An adapter *translates* and does nothing else: a stock HF state dict <-> canonic
 1. write `adapters/<name>.py` with a subclass of `Adapter` (`shape`, `to_canonical`,
    `from_canonical`, and `export_config` if the config must change) and register it in
    `adapters/__init__.py`;
-2. add a tiny-model factory to `tests/factories.py`. The property tests then check it against the
+2. fill in its `hooks` (`HookPoints`: the stock model's module names that activation matching
+   reads; without them `--method activation` refuses the architecture);
+3. add a tiny-model factory to `tests/factories.py`. The property tests then check it against the
    stock `transformers` forward for every group and seed.
+
+The adapters are the only place that knows Hugging Face module and parameter names.
 
 The part functions take `get(name) -> float64 tensor` (current HF names; legacy names are renamed
 by `renames`) so that a checkpoint can be read one block at a time.
@@ -16,6 +20,7 @@ by `renames`) so that a checkpoint can be read one block at a time.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -28,11 +33,38 @@ from ..shape import ModelShape
 Getter = Callable[..., torch.Tensor]
 
 
+@dataclass(frozen=True)
+class HookPoints:
+    """Module names of the stock HF model (as built from a canonical export) that activation matching hooks.
+
+    `{i}` stands for the layer. Invariants activation matching relies on (it fails silently where they fail):
+    - `norms`: every module of layer i whose output is the normalised residual stream (a norm read by
+      attention or MLP), `attn_norm` among them: the one whose output the attention's q, k, v read;
+    - `final_norm`: the norm the head reads (its output is a normalised stream too);
+    - `ffn_hidden`: the module whose *input* is the FFN hidden vector (the down projection), its
+      last axis the canonical `d_mlp` axis.
+    """
+
+    norms: tuple[str, ...]
+    attn_norm: str
+    final_norm: str
+    ffn_hidden: str
+
+    def layer(self, i: int) -> HookPoints:
+        """The names for layer i."""
+        return HookPoints(tuple(n.format(i=i) for n in self.norms), self.attn_norm.format(i=i), self.final_norm,
+                          self.ffn_hidden.format(i=i))
+
+
 class Adapter:
     name: str = ""
     hf_classes: tuple[str, ...] = ()
     #: (pattern, replacement) pairs renaming legacy checkpoint keys to the current HF names
     renames: tuple[tuple[str, str], ...] = ()
+    #: the modules activation matching hooks (None: the architecture has no activation matching)
+    hooks: HookPoints | None = None
+    #: the head's HF tensor that a checkpoint with tied embeddings may leave out (None: no tied head)
+    tied_head: str | None = None
 
     # --- to implement ---
     def shape(self, config) -> ModelShape:

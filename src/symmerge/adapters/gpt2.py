@@ -14,6 +14,7 @@ from ..canonical import fold_norm
 from ..shape import ModelShape
 from .base import (
     Adapter,
+    HookPoints,
     attention_from_canonical,
     attention_to_canonical,
     final_norm_to_canonical,
@@ -28,6 +29,9 @@ class GPT2Adapter(Adapter):
     hf_classes = ("GPT2LMHeadModel",)
     # checkpoints saved from GPT2Model (as the original release) have no "transformer." prefix
     renames = ((r"^(?!transformer\.|lm_head\.)", "transformer."),)
+    hooks = HookPoints(norms=("transformer.h.{i}.ln_1", "transformer.h.{i}.ln_2"), attn_norm="transformer.h.{i}.ln_1",
+                       final_norm="transformer.ln_f", ffn_hidden="transformer.h.{i}.mlp.c_proj")
+    tied_head = "lm_head.weight"
 
     def shape(self, c) -> ModelShape:
         d, h = c.n_embd, c.n_head

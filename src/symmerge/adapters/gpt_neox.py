@@ -16,6 +16,7 @@ from ..canonical import fold_norm
 from ..shape import ModelShape
 from .base import (
     Adapter,
+    HookPoints,
     any_attention_bias,
     attention_from_canonical,
     attention_to_canonical,
@@ -31,6 +32,10 @@ class GPTNeoXAdapter(Adapter):
     name = "gpt_neox"
     hf_classes = ("GPTNeoXForCausalLM",)
     renames = ((r"^embed_out\.", "lm_head."),)  # checkpoints saved before the head was renamed
+    hooks = HookPoints(norms=("gpt_neox.layers.{i}.input_layernorm", "gpt_neox.layers.{i}.post_attention_layernorm"),
+                       attn_norm="gpt_neox.layers.{i}.input_layernorm", final_norm="gpt_neox.final_layer_norm",
+                       ffn_hidden="gpt_neox.layers.{i}.mlp.dense_4h_to_h")
+    tied_head = "lm_head.weight"
 
     def shape(self, c) -> ModelShape:
         d, h = c.hidden_size, c.num_attention_heads

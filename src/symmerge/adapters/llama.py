@@ -14,7 +14,12 @@ import torch
 
 from ..canonical import fold_norm
 from ..shape import ModelShape
-from .base import Adapter, attention_from_canonical, attention_to_canonical, final_norm_to_canonical, require, rotary_dims
+from .base import Adapter, HookPoints, attention_from_canonical, attention_to_canonical, final_norm_to_canonical, require, rotary_dims
+
+#: activation hook points of the Llama-layout decoders (Llama, Mistral, Qwen2, OLMo)
+DECODER_HOOKS = HookPoints(norms=("model.layers.{i}.input_layernorm", "model.layers.{i}.post_attention_layernorm"),
+                           attn_norm="model.layers.{i}.input_layernorm", final_norm="model.norm",
+                           ffn_hidden="model.layers.{i}.mlp.down_proj")
 
 
 def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config: bool) -> ModelShape:
@@ -79,6 +84,8 @@ def decoder_block_from_canonical(params, s: ModelShape, i: int, norm_weights: bo
 class LlamaAdapter(Adapter):
     name = "llama"
     hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+    hooks = DECODER_HOOKS
+    tied_head = "lm_head.weight"
 
     def shape(self, c) -> ModelShape:
         arch = (getattr(c, "architectures", None) or ["LlamaForCausalLM"])[0]

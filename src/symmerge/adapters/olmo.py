@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from ..shape import ModelShape
 from .base import Adapter, make_mean_free
-from .llama import _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
+from .llama import DECODER_HOOKS, _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
 
 
 class OlmoAdapter(Adapter):
     name = "olmo"
     hf_classes = ("OlmoForCausalLM",)
+    hooks = DECODER_HOOKS
+    tied_head = "lm_head.weight"
 
     def shape(self, c) -> ModelShape:
         return _decoder_shape(self, c, "OlmoForCausalLM", "layernorm", eps_in_config=False)

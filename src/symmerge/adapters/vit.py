@@ -15,6 +15,7 @@ from ..canonical import fold_norm
 from ..shape import ModelShape
 from .base import (
     Adapter,
+    HookPoints,
     any_attention_bias,
     attention_from_canonical,
     attention_to_canonical,
@@ -37,6 +38,9 @@ class ViTAdapter(Adapter):
         (r"^vit\.encoder\.layer\.(\d+)\.output\.dense\.", r"vit.layers.\1.mlp.fc2."),
         (r"^vit\.encoder\.layer\.(\d+)\.", r"vit.layers.\1."),
     )
+    hooks = HookPoints(norms=("vit.layers.{i}.layernorm_before", "vit.layers.{i}.layernorm_after"),
+                       attn_norm="vit.layers.{i}.layernorm_before", final_norm="vit.layernorm",
+                       ffn_hidden="vit.layers.{i}.mlp.fc2")
 
     def shape(self, c) -> ModelShape:
         d, h = c.hidden_size, c.num_attention_heads

@@ -1,7 +1,9 @@
 """Activation matching: the same groups as weight matching, found from both models' activations on data.
 
 Activations come from forward hooks on the stock HF model of each checkpoint's canonical export
-(`model.build_hf_model`), so readers see the normalised stream. For each group:
+(`model.build_hf_model`), so readers see the normalised stream; the modules hooked are the adapter's
+`hooks` (`adapters.base.HookPoints`), and which tensors make up each side of a map is read off the
+spec's actions. For each group:
 
 - residual rotation: Procrustes between the normalised streams (every norm's output, all layers):
   the normalised stream of g·B is `O` times B's (normalisation removes the residual scale);
@@ -10,10 +12,10 @@ Activations come from forward hooks on the stock HF model of each checkpoint's c
   correlation times the ratio of the units' RMS (exact for a planted scale, never near 0);
 - head permutation: assignment on the overlap of attention patterns, which the QK and OV maps
   leave unchanged (query heads inside KV groups as in weight matching);
-- QK map: balanced least squares (`solvers.solve_map`) between the matched heads' queries (the
-  "g" side) and keys ("inv_t"), taken before RoPE (the maps commute with it) from the captured
-  attention input and the canonical weights; OV map: the same balanced least squares between the
-  values `W_V x` ("g" side: `N W_V`) and `W_O^T x` ("inv_t" side: `W_O N^{-1}` gives `N^{-T} W_O^T x`),
+- QK map: balanced least squares (`solvers.solve_map`) between the matched heads' "g" side (queries)
+  and "inv_t" side (keys), taken before RoPE (the maps commute with it) from the captured attention
+  input and the canonical weights; OV map: the same balanced least squares between the values
+  `W_V x` ("g" side: `N W_V`) and `W_O^T x` ("inv_t" side: `W_O N^{-1}` gives `N^{-T} W_O^T x`),
   x the normalised stream the attention reads (exact for a planted element: B's stream is `R^T` A's;
   B's writers carry the residual scale, divided out as `sqrt(eps_B / eps_A)` when it is matched).
   Fitting the values (or head outputs) alone is one-sided: least squares shrinks N for weakly related
@@ -28,7 +30,6 @@ Activations are kept in memory (at most `max_tokens` tokens): meant for samples 
 
 from __future__ import annotations
 
-import re
 import time
 
 import torch
@@ -36,28 +37,14 @@ import torch
 from .. import SymmergeError
 from .. import groups as G
 from ..model import Model, build_hf_model, export_state_dict
+from .costs import touching
 from .solvers import best_rotation, linear_assignment, solve_map
 from .weight import MatchResult
 from .weight_state import State, scatter
 from .weight_steps import assign_heads, solve_scaling
 
-#: per adapter: modules whose outputs are normalised streams, whose input is the FFN hidden vector,
-#: and whose input is the concatenated head outputs ({i} is the layer)
-MODULES = {
-    "gpt2": (r"transformer\.(h\.\d+\.ln_[12]|ln_f)", "transformer.h.{i}.mlp.c_proj", "transformer.h.{i}.attn.c_proj"),
-    "gpt_neox": (r"gpt_neox\.(layers\.\d+\.(input_layernorm|post_attention_layernorm)|final_layer_norm)",
-                 "gpt_neox.layers.{i}.mlp.dense_4h_to_h", "gpt_neox.layers.{i}.attention.dense"),
-    "llama": (r"model\.(layers\.\d+\.(input_layernorm|post_attention_layernorm)|norm)",
-              "model.layers.{i}.mlp.down_proj", "model.layers.{i}.self_attn.o_proj"),
-    "olmo": (r"model\.(layers\.\d+\.(input_layernorm|post_attention_layernorm)|norm)",
-             "model.layers.{i}.mlp.down_proj", "model.layers.{i}.self_attn.o_proj"),
-    "vit": (r"vit\.(layers\.\d+\.layernorm_(before|after)|layernorm)", "vit.layers.{i}.mlp.fc2",
-            "vit.layers.{i}.attention.o_proj"),
-}
-#: the norm whose output the attention reads, per adapter (for queries, keys and values)
-ATTN_NORM = {"gpt2": "transformer.h.{i}.ln_1", "gpt_neox": "gpt_neox.layers.{i}.input_layernorm",
-             "llama": "model.layers.{i}.input_layernorm", "olmo": "model.layers.{i}.input_layernorm",
-             "vit": "vit.layers.{i}.layernorm_before"}
+#: the spec's name of the residual rotation (restricted to permutations it keeps the name)
+ROTATION = "residual.rotation"
 
 
 def _hf_model(model: Model):
@@ -66,17 +53,21 @@ def _hf_model(model: Model):
     return build_hf_model(config, sd, model.shape.hf_class)
 
 
+def _hook_points(model: Model) -> tuple[set[str], dict, dict]:
+    """The adapter's modules: normalised-stream outputs, {attention norm: key}, {FFN down projection: key}."""
+    hooks = model.adapter.hooks
+    if hooks is None:
+        raise SymmergeError(f"activation matching has no hook points for {model.adapter.name}; use --method weight")
+    layers = [hooks.layer(i) for i in range(model.shape.n_layers)]
+    norms = {n for h in layers for n in h.norms} | {hooks.final_norm}
+    return norms, {h.attn_norm: ("x_attn", i) for i, h in enumerate(layers)}, \
+        {h.ffn_hidden: ("ffn", i) for i, h in enumerate(layers)}
+
+
 def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
     """Activations `[features, tokens]` (float64) of one model on the batches, keyed by kind and layer."""
-    arch = model.adapter.name
-    if arch not in MODULES:
-        raise SymmergeError(f"activation matching has no module table for {arch}; use --method weight")
-    norms, ffn_in, attn_in = MODULES[arch]
+    norms, wanted_out, wanted_in = _hook_points(model)
     hf = _hf_model(model)
-    s = model.shape
-    wanted_in = {ffn_in.format(i=i): ("ffn", i) for i in range(s.n_layers)}
-    wanted_in.update({attn_in.format(i=i): ("z", i) for i in range(s.n_layers)})
-    wanted_out = {ATTN_NORM[arch].format(i=i): ("x_attn", i) for i in range(s.n_layers)}
     store: dict = {}
     mask_now: list = [None]
 
@@ -87,16 +78,16 @@ def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
 
     hooks = []
     for name, mod in hf.named_modules():
-        if re.fullmatch(norms, name):
+        if name in norms:
             hooks.append(mod.register_forward_hook(lambda m, i, o, n=name: keep(("norm", n), o)))
         if name in wanted_out:
             hooks.append(mod.register_forward_hook(lambda m, i, o, k=wanted_out[name]: keep(k, o)))
         if name in wanted_in:
             hooks.append(mod.register_forward_pre_hook(lambda m, i, k=wanted_in[name]: keep(k, i[0])))
     found = {n for n, _ in hf.named_modules()}
-    missing = sorted((set(wanted_in) | set(wanted_out)) - found)
-    if missing or not any(re.fullmatch(norms, n) for n in found):
-        raise SymmergeError(f"activation matching: {hf.__class__.__name__} has no module {missing[:1] or norms}; "
+    missing = sorted((norms | set(wanted_in) | set(wanted_out)) - found)
+    if missing:
+        raise SymmergeError(f"activation matching: {hf.__class__.__name__} has no module {missing[0]}; "
                             "this transformers version names its modules differently, use --method weight")
     try:
         with torch.no_grad():
@@ -128,17 +119,32 @@ def keep_count(store) -> int:
 # --- solving ---------------------------------------------------------------------------------------------
 
 
-def _head_acts(model: Model, acts: dict, i: int) -> dict[str, torch.Tensor]:
-    """Pre-RoPE queries `[kv, q, dh, N]`, keys and values `[kv, dh, N]`, head outputs `[kv, q, dh, N]`."""
-    p, s = model.params, model.shape
-    x = acts[("x_attn", i)]  # [d, N]
-    a = lambda n: p[f"blocks.{i}.attn.{n}"]  # noqa: E731
-    q = torch.einsum("kjed,dn->kjen", a("W_Q"), x) + a("b_Q")[..., None]
-    k = torch.einsum("ked,dn->ken", a("W_K"), x) + a("b_K")[..., None]
-    v = torch.einsum("ked,dn->ken", a("W_V"), x) + a("b_V")[..., None]
-    z = acts[("z", i)].reshape(s.n_kv_heads, s.q_per_kv, s.d_head, -1)  # HF head order: h = kv * q_per_kv + j
-    o = torch.einsum("kjde,dn->kjen", a("W_O"), x)  # W_O^T on the normalised stream: moves by N^{-T}
-    return {"q": q, "k": k, "v": v, "z": z, "o": o}
+def _term(t: torch.Tensor, action, residual: int | None, x: torch.Tensor) -> torch.Tensor:
+    """One tensor's part of a map's side, `[*batch, *others, n, N]` (others: the query-head axis of W_Q and
+    W_O): contracted with x `[d, N]` along its residual axis, or, without one (a bias), broadcast over tokens."""
+    others = [k for k in range(t.dim()) if k not in (*action.batch_axes, action.axis, residual)]
+    axes = [*action.batch_axes, *others, action.axis]
+    if residual is None:
+        return t.permute(axes)[..., None]
+    letters = lambda ks: "".join(chr(97 + k) for k in ks)  # noqa: E731  (axis k is letter k; z: tokens)
+    return torch.einsum(f"{letters(range(t.dim()))},{letters([residual])}z->{letters(axes)}z", t, x)
+
+
+def _map_sides(spec, params, x: torch.Tensor, group: str, rot: str, scale: float) -> dict[str, torch.Tensor]:
+    """The "g" and "inv_t" sides of a head-internal map on the attention input `x`, each `[kv, (q,) dh, N]`.
+
+    A side is the affine map of x made of the tensors the group acts on with that `how` (the spec's
+    actions): those the residual rotation `rot` acts on are contracted with x (`W_Q x`, `W_O^T x`), the
+    others (biases) added. Every term moves by the group's element on that side, so their sum does.
+    Terms the residual scale acts on (writers) are divided by `scale` (B's residual scale over A's)."""
+    out: dict = {}
+    for name, a in touching(spec, group).items():
+        acts = spec.actions[name]
+        h = _term(params[name], a, next((b.axis for b in acts if b.group == rot), None), x)
+        if any(spec.groups[b.group].family == "residual_scale" for b in acts):
+            h = h / scale
+        out[a.how] = out[a.how] + h if a.how in out else h
+    return out
 
 
 def _in_a_order(t: torch.Tensor, p: torch.Tensor, inner: torch.Tensor | None) -> torch.Tensor:
@@ -191,7 +197,7 @@ def _writer_scale(a: Model, b: Model, chosen) -> float:
     return float(torch.sqrt(eb / ea)) if ok else 1.0
 
 
-def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i) -> None:
+def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i, rot) -> None:
     top = _layer(spec, i, "head_perm")
     inner = next((n for n, x in spec.groups.items() if x.indexed_by == top and x.kind == "permutation"), None)
     s = model_a.shape
@@ -201,16 +207,16 @@ def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i) -> None:
         if inner is not None:
             g[inner] = inner_p
     p, inner_p = g[top], (g[inner] if inner else None)
-    ha, hb = _head_acts(model_a, acts_a, i), _head_acts(model_b, acts_b, i)
-    hb["o"] = hb["o"] / _writer_scale(model_a, model_b, chosen)
-    hb = {k: _in_a_order(v, p, inner_p) for k, v in hb.items()}
-    for fam, g_side, inv_side in (("qk_map", ("q",), ("k",)), ("ov_map", ("v",), ("o",))):
+    scale = _writer_scale(model_a, model_b, chosen)
+    side = lambda h, how: _flat_q(h[how]) if how in h else torch.zeros(s.n_kv_heads, s.d_head, 0, dtype=G.DTYPE)  # noqa: E731
+    for fam in ("qk_map", "ov_map"):
         name = _layer(spec, i, fam)
         if name is None or name not in chosen:
             continue
-        side = lambda h, keys: torch.cat([_flat_q(h[k]) for k in keys], -1) if keys else \
-            torch.zeros(s.n_kv_heads, s.d_head, 0, dtype=G.DTYPE)  # noqa: E731
-        found = solve_map(spec.groups[name], side(ha, g_side), side(hb, g_side), side(ha, inv_side), side(hb, inv_side))
+        ha = _map_sides(spec, model_a.params, acts_a[("x_attn", i)], name, rot, 1.0)
+        hb = _map_sides(spec, model_b.params, acts_b[("x_attn", i)], name, rot, scale)
+        hb = {k: _in_a_order(v, p, inner_p) for k, v in hb.items()}
+        found = solve_map(spec.groups[name], side(ha, "g"), side(hb, "g"), side(ha, "inv_t"), side(hb, "inv_t"))
         g[name] = scatter(found, p)
 
 
@@ -223,7 +229,7 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
     acts_a, acts_b = collect(a, batches, max_tokens), collect(b, batches, max_tokens)
     g = {n: G.identity(grp) for n, grp in spec.groups.items()}
     fit: dict = {}
-    rot = "residual.rotation" if "residual.rotation" in spec.groups else None
+    rot = ROTATION
     if rot in chosen:
         keys = [k for k in acts_a if k[0] == "norm"]
         c = sum(acts_a[k] @ acts_b[k].T for k in keys)
@@ -231,7 +237,7 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
         num = sum(float(((acts_a[k] - g[rot] @ acts_b[k]) ** 2).sum()) for k in keys)
         fit["residual_r2"] = 1 - num / sum(float((acts_a[k] ** 2).sum()) for k in keys)
     for i in range(spec.shape.n_layers):
-        _heads(a, b, spec, chosen, g, fit, acts_a, acts_b, i)
+        _heads(a, b, spec, chosen, g, fit, acts_a, acts_b, i, rot)
         _ffn(spec, chosen, g, fit, acts_a, acts_b, i)
     st = State(spec, a.params, b.params, {n: G.identity(x) for n, x in spec.groups.items()})
     history = [st.similarity()]
