@@ -21,8 +21,8 @@ import json
 import torch
 from reproduction_table import ROWS, families_for, learn_row, path_barrier, weight_start
 
-from symmerge.barrier import PathEvaluator
 from symmerge.data import load_batches
+from symmerge.evaluate import StockForward
 from symmerge.match.learn_config import LAM_SAMPLING
 from symmerge.model import load_model
 
@@ -60,7 +60,7 @@ def main() -> None:
     _, _, drop, add, _ = ROWS[args.row]
     fams = families_for(b.spec, drop, add)
     pa, pb, r = learn_row(args, args.row, args.seed, args.lr, a, b, fams, weight_start(a, b, fams), train, val)
-    evaluator = PathEvaluator(a)
+    evaluator = StockForward(a)
     out = {"row": args.row, "seed": args.seed, "args": vars(args), "validation_barrier_used": r.report["barrier_after"]}
     print(f"{args.row}, seed {args.seed}: validation barrier (the {args.val_batches} choosing batches) "
           f"{r.report['barrier_before']:.4f} -> {r.report['barrier_after']:.4f}")

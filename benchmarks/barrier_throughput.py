@@ -18,9 +18,7 @@ import time
 import torch
 import transformers as T
 
-from symmerge.barrier import PathEvaluator
-from symmerge.evaluate import evaluate
-from symmerge.merge import interpolate
+from symmerge.evaluate import StockForward, evaluate, interpolate
 from symmerge.model import load_model
 
 
@@ -49,14 +47,14 @@ def main() -> None:
             T.GPT2LMHeadModel(cfg).save_pretrained(f"{tmp}/m{seed}")
         a, b = load_model(f"{tmp}/m0"), load_model(f"{tmp}/m1")
         plain = T.GPT2LMHeadModel.from_pretrained(f"{tmp}/m0").eval()
-        harness = PathEvaluator(a)
+        harness = StockForward(a)
         t_plain, t_harness, t_export = [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             evaluate(plain, batches)
             t_plain.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            harness.evaluate(interpolate(a.params, b.params, 0.5), batches)
+            harness.scores(interpolate(a.params, b.params, 0.5), batches)
             t_harness.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             harness.state_dict(interpolate(a.params, b.params, 0.5))

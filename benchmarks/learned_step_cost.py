@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 import transformers
 
+from symmerge.evaluate import interpolate
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learner import Learner
-from symmerge.match.objective import interpolate
 from symmerge.model import load_model
 from symmerge.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
 from symmerge.train import _optimizer, _step

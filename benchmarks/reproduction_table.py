@@ -10,7 +10,7 @@ Every row works as `symmerge align A B --method M --groups G --param P` does: we
 row's families first (`weight_match`, 20 sweeps at most), then for learned/dual rows the learning loop
 (`symmerge.match.learned.learn`) on train-split batches, tracking the barrier on validation-split
 batches (best state kept). Figures: the 11-point loss barrier on the *same* test-split batches for
-every row, computed per batch through the stock HF forward (`barrier.PathEvaluator`), so that the
+every row, computed per batch through the stock HF forward (`evaluate.StockForward`), so that the
 standard error is the paired one: the spread over test batches of the per-batch gap
 L_b(lam*) - ((1 - lam*) L_b(0) + lam* L_b(1)) at the peak lam* of the mean curve, over sqrt(n).
 The barrier equals `symmerge.barrier.barrier`'s on the same batches (same grid, token-weighted means).
@@ -25,14 +25,13 @@ import time
 import torch
 
 from symmerge.apply import apply
-from symmerge.barrier import PathEvaluator, summarise
+from symmerge.barrier import summarise
 from symmerge.data import load_batches
-from symmerge.evaluate import mean_se
+from symmerge.evaluate import StockForward, grid, interpolate, mean_se
 from symmerge.match.learn_config import LAM_SAMPLING, LearnConfig, parse_lam_range
 from symmerge.match.learned import learn
 from symmerge.match.parametrize import straight_through
 from symmerge.match.weight import weight_match
-from symmerge.merge import interpolate
 from symmerge.model import load_model
 
 #: key -> (label, method, families to drop from the default, families to add, --param)
@@ -90,13 +89,13 @@ def reassigned(spec, start: dict, end: dict) -> dict[str, list[int]]:
     return out
 
 
-def path_barrier(evaluator: PathEvaluator, pa: dict, pb: dict, batches: list[dict], points: int = 11) -> dict:
+def path_barrier(evaluator: StockForward, pa: dict, pb: dict, batches: list[dict], points: int = 11) -> dict:
     """Token-weighted curve over `batches` and the barrier, with the paired standard error at its peak."""
-    lams = [i / (points - 1) for i in range(points)]
+    lams = grid(points)
     per = []  # per lambda: list of (loss, accuracy, n_scored) per batch
     for lam in lams:
         params = interpolate(pa, pb, lam)
-        per.append([evaluator.evaluate(params, [b]) for b in batches])
+        per.append([evaluator.scores(params, [b]) for b in batches])
     n = [r["n_scored"] for r in per[0]]
     total = sum(n)
     loss = [sum(r["loss"] * k for r, k in zip(rows, n)) / total for rows in per]
@@ -148,7 +147,7 @@ def main() -> None:
     a, b = load_model(args.a), load_model(args.b)
     bs = args.batch_size
     test = load_batches(args.a, args.data, "test", batch_size=bs, max_batches=args.test_batches)
-    evaluator = PathEvaluator(a)
+    evaluator = StockForward(a)
     wm_cache: dict[tuple, tuple] = {}
     data: dict[str, list] = {}
 

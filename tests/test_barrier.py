@@ -12,10 +12,11 @@ from conftest import shared_data
 from factories import example_inputs
 from symmerge import SymmergeError
 from symmerge.apply import apply
-from symmerge.barrier import barrier, set_norm_eps
+from symmerge.barrier import barrier
 from symmerge.cli import main
 from symmerge.data import load_batches
-from symmerge.merge import check_compatible, interpolate
+from symmerge.evaluate import interpolate
+from symmerge.merge import check_compatible
 from symmerge.model import build_hf_model, export_state_dict, load_model, save_model
 from symmerge.spec import random_element
 from symmerge.train import TrainArgs, train
@@ -105,6 +106,15 @@ def test_incompatible_shapes_name_the_mismatch(model_dirs):
         check_compatible(load_model(model_dirs["llama"]), load_model(model_dirs["llama_untied"]))
 
 
+def _set_norm_eps(hf_model, eps: float) -> None:
+    """Point every normalisation layer of a stock model at `eps` (the negative control's wrong eps)."""
+    for module in hf_model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = eps
+        elif hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = eps
+
+
 def test_interpolated_export_is_the_stock_model_of_the_average(model_dirs, tmp_path):
     """`symmerge interpolate` writes a checkpoint whose stock `from_pretrained` model computes what the
     interpolated canonical parameters compute through the stock forward (norm eps included: the planted
@@ -126,7 +136,7 @@ def test_interpolated_export_is_the_stock_model_of_the_average(model_dirs, tmp_p
         float(interpolate(a.params, b.params, 0.5)["norm.eps"]))
     assert_same_function(written, canonical(0.5), x, what="interpolate's checkpoint")
     assert_different_function(written, canonical(0.3), x, what="the midpoint at another λ")
-    set_norm_eps(written, a.shape.eps)
+    _set_norm_eps(written, a.shape.eps)
     assert_different_function(written, canonical(0.5), x, factor=10, what="the midpoint with A's eps")
 
 

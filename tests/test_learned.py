@@ -16,11 +16,12 @@ from factories import ARCHS, lm_batches, make_model, save_model
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
+from symmerge.barrier import highest_excess
+from symmerge.evaluate import StockForward
 from symmerge.match.learn_config import LearnConfig, parse_lam_range
 from symmerge.match.learn_loop import Interrupted, peak_lambda
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
-from symmerge.match.objective import Objective, highest_excess
 from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
 from symmerge.model import build_hf_model, export_state_dict, load_model
 from symmerge.spec import random_element
@@ -213,7 +214,7 @@ def test_interpolated_loss_handles_the_residual_scale(pair):
     """A residual scale moves eps to a^2 eps; the objective rescales to the HF model's eps, so a·A has
     A's logits (float64). Negative control: without the rescale they change."""
     a, _ = pair
-    obj = Objective(a, torch.float64)
+    obj = StockForward(a, torch.float64)
     batch = lm_batches(1, 0)[0]
     scaled = apply(a.spec, {"residual.scale": torch.tensor(0.01, dtype=torch.float64)}, a.params)
     base = obj.forward(a.params, batch).logits
@@ -370,7 +371,7 @@ def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
     (gA^-1 gB)·B): dual matching reaches the same paths (the same losses at every lam) as one-sided
     matching with g = gA^-1 gB; it can differ only in how the optimiser gets there. Stock HF logits,
     float64. Negative control: dropping gA^-1 changes the path."""
-    from symmerge.match.objective import interpolate
+    from symmerge.evaluate import interpolate
     from symmerge.spec import compose, inverse
 
     a, b = pair

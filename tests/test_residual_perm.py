@@ -12,11 +12,11 @@ from factories import example_inputs, lm_batches, make_model, rel_distance, save
 from symmerge import SymmergeError, cli
 from symmerge import groups as G
 from symmerge.apply import apply
+from symmerge.evaluate import interpolate
 from symmerge.match.activation import activation_match
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
-from symmerge.match.objective import interpolate
 from symmerge.match.outputs import output_report, save_outputs
 from symmerge.match.weight import weight_match
 from symmerge.model import load_model

@@ -1,8 +1,8 @@
 """Loss and accuracy along the straight line between two models, and the barrier on it.
 
-For each λ the canonical parameters are interpolated, exported to the HF layout and run through the
-*stock* forward of one HF model object with `torch.func.functional_call`: one forward implementation,
-the one users run, and no model built per λ.
+For each λ the canonical parameters are interpolated and run through the *stock* forward of one HF
+model object (`evaluate.StockForward`): one forward implementation, the one users run, and no model
+built per λ.
 
     loss barrier     = max_λ [ L(λ) − ((1−λ) L(0) + λ L(1)) ]
     accuracy barrier = max_λ [ ((1−λ) Acc(0) + λ Acc(1)) − Acc(λ) ]
@@ -12,41 +12,15 @@ Both are measured on the same batches at every λ.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 from tqdm import tqdm
 
-from .evaluate import evaluate_params
-from .merge import check_compatible, interpolate
-from .model import Model, build_hf_model, export_state_dict
-
-
-def set_norm_eps(hf_model, eps: float) -> None:
-    """Point every normalisation layer at `eps` (the residual scale moves eps; see spec.py)."""
-    for module in hf_model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.eps = eps
-        elif hasattr(module, "variance_epsilon"):
-            module.variance_epsilon = eps
-
-
-class PathEvaluator:
-    """Evaluates canonical parameters of models shaped like `template` through one stock HF model."""
-
-    def __init__(self, template: Model, dtype: torch.dtype | None = None):
-        self.template = template
-        self.dtype = dtype or template.dtype
-        config, sd = export_state_dict(template, dtype=self.dtype)
-        self.hf = build_hf_model(config, sd, template.shape.hf_class)
-
-    def state_dict(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return export_state_dict(self.template, params, self.dtype)[1]
-
-    def evaluate(self, params: dict[str, torch.Tensor], batches: list[dict]) -> dict:
-        if self.template.shape.eps_in_config:
-            set_norm_eps(self.hf, float(params["norm.eps"]))
-        return evaluate_params(self.hf, self.state_dict(params), batches)
+from .evaluate import StockForward, grid, interpolate
+from .merge import check_compatible
+from .model import Model
 
 
 def above_line(lams: list[float], values: list[float]) -> list[float]:
@@ -65,18 +39,33 @@ def summarise(lams: list[float], losses: list[float], accs: list[float]) -> dict
             "accuracy_barrier": acc_gap[i_acc], "accuracy_barrier_lambda": lams[i_acc]}
 
 
+def line_barrier(lams: list[float], losses: list[float]) -> float:
+    """max over the grid of L(lam) minus the straight line between the endpoint losses (NaN if any loss is)."""
+    if not all(math.isfinite(x) for x in losses):
+        return math.nan
+    return max(above_line(lams, losses))
+
+
+def highest_excess(lams: list[float], losses: list[float]) -> float:
+    """max over the interior grid points of L(lam) minus the straight line: the barrier without its floor
+    at 0 (negative when the whole path lies below the line; NaN if any loss is)."""
+    if not all(math.isfinite(x) for x in losses):
+        return math.nan
+    return max(above_line(lams, losses)[1:-1])
+
+
 def barrier(a: Model, b: Model, batches: list[dict], points: int = 11, refine: bool = False,
             progress: bool = True, dtype: torch.dtype | None = None) -> dict:
     """Loss/accuracy at `points` evenly spaced λ in [0, 1] (plus 4 around the peak with `refine`)."""
     check_compatible(a, b)
-    evaluator = PathEvaluator(a, dtype)
-    lams = [i / (points - 1) for i in range(points)]
+    forward = StockForward(a, dtype)
+    lams = grid(points)
     results: dict[float, dict] = {}
     start = time.perf_counter()
 
     def run(todo):
         for lam in tqdm(todo, desc="barrier", unit="λ", disable=not progress):
-            results[lam] = evaluator.evaluate(interpolate(a.params, b.params, lam), batches)
+            results[lam] = forward.scores(interpolate(a.params, b.params, lam), batches)
 
     run(lams)
     if refine:

@@ -19,6 +19,7 @@ from . import SymmergeError
 from .apply import apply
 from .barrier import barrier
 from .data import load_batches
+from .evaluate import StockForward
 from .match import registry
 from .model import Model, load_model
 from .report import write as write_report
@@ -87,18 +88,6 @@ def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: 
     return pa, apply(b.spec, res.elements["B"], b.params), info
 
 
-def _function_gap(model: Model, params: dict, batch: dict) -> float:
-    """Largest logit change of a re-parameterised endpoint (it must compute its input's function)."""
-    from .barrier import PathEvaluator
-
-    ev = PathEvaluator(model, torch.float64)
-    inputs = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in batch.items() if k != "labels"}
-    with torch.no_grad():
-        x = torch.func.functional_call(ev.hf, ev.state_dict(model.params), (), inputs).logits
-        y = torch.func.functional_call(ev.hf, ev.state_dict(params), (), inputs).logits
-    return float((x - y).abs().max())
-
-
 def run_demo(args: DemoArgs) -> dict:
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
@@ -110,11 +99,13 @@ def run_demo(args: DemoArgs) -> dict:
                         max_batches=args.test_batches)
     train_batches = load_batches(path_a, args.data, "train", batch_size=32 if _arch(args.data) == "vit" else 8)
     val = load_batches(path_a, args.data, "validation", batch_size=64 if _arch(args.data) == "vit" else 16, max_batches=4)
+    # re-parameterised endpoints must compute their inputs' functions (float64: the weights, not the arithmetic)
+    checks = StockForward(a, torch.float64), StockForward(b, torch.float64)
     rows = []
     for method in args.methods:
         start = time.perf_counter()
         pa, pb, info = _aligned(method, a, b, train_batches, val, args)
-        gap = max(_function_gap(a, pa, test[0]), _function_gap(b, pb, test[0]))
+        gap = max(checks[0].logit_change(pa, test[0]), checks[1].logit_change(pb, test[0]))
         end_a, end_b = dataclasses.replace(a, params=pa), dataclasses.replace(b, params=pb)
         curve = barrier(end_a, end_b, test, points=11, progress=False)
         # "seconds" last: the barrier's own "seconds" would otherwise hide the method's total

@@ -1,16 +1,14 @@
-"""Interpolation and merging in canonical form.
+"""Which models can be interpolated and merged in canonical form.
 
 Canonical tensors of two models with the same `ModelShape` live in the same coordinates (norms
-folded, heads explicit), so a merge is plain arithmetic on them; the result is exported through the
-adapter as a stock checkpoint. `interpolate(A, A, λ) = A` exactly, and interpolating after aligning B
-to A (`g·B`) is the point of the whole tool.
+folded, heads explicit), so a merge is plain arithmetic on them (`evaluate.interpolate`); the result
+is exported through the adapter as a stock checkpoint. Interpolating after aligning B to A (`g·B`) is
+the point of the whole tool.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import torch
 
 from . import SymmergeError
 from .model import Model
@@ -48,23 +46,3 @@ def check_same_tensors(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -
 def check_lambda(lam: float, extrapolate: bool = False) -> None:
     if not extrapolate and not 0.0 <= lam <= 1.0:
         raise SymmergeError(f"lambda={lam} is outside [0, 1]; pass --extrapolate to go beyond the endpoints")
-
-
-def interpolate(pa: dict[str, torch.Tensor], pb: dict[str, torch.Tensor], lam: float) -> dict[str, torch.Tensor]:
-    """(1 - λ)·A + λ·B, tensor by tensor (λ = 0 returns A's tensors, λ = 1 B's, exactly)."""
-    if lam == 0.0:
-        return dict(pa)
-    if lam == 1.0:
-        return dict(pb)
-    return {k: torch.lerp(pa[k], pb[k], lam) for k in pa}
-
-
-def average(params: list[dict[str, torch.Tensor]], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
-    """Weighted average of several canonical parameter dicts (weights normalised to sum to 1)."""
-    if not params:
-        raise SymmergeError("nothing to average")
-    w = torch.tensor(weights if weights is not None else [1.0] * len(params), dtype=torch.float64)
-    if (w < 0).any() or float(w.sum()) == 0:
-        raise SymmergeError(f"merge weights {w.tolist()} must be non-negative and not all zero")
-    w = w / w.sum()
-    return {k: sum(float(wi) * p[k] for wi, p in zip(w, params)) for k in params[0]}

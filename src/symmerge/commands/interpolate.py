@@ -15,8 +15,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..evaluate import interpolate
     from ..io import prepare_output
-    from ..merge import check_compatible, check_lambda, interpolate
+    from ..merge import check_compatible, check_lambda
     from ..model import load_model, save_model
 
     check_lambda(args.lam, args.extrapolate)

@@ -36,6 +36,7 @@ import torch
 
 from .. import SymmergeError
 from .. import groups as G
+from ..evaluate import model_inputs
 from ..model import Model, build_hf_model, export_state_dict
 from .costs import touching
 from .solvers import best_rotation, linear_assignment, solve_map
@@ -92,7 +93,7 @@ def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
     try:
         with torch.no_grad():
             for batch in batches:
-                inputs = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in batch.items() if k != "labels"}
+                inputs = model_inputs(batch, torch.float64)
                 mask = inputs.get("attention_mask")
                 mask_now[0] = mask.bool() if mask is not None else None
                 out = hf(**inputs, output_attentions=True)

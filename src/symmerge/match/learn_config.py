@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from .. import SymmergeError
-from .objective import grid
+from ..evaluate import grid
 
 METHODS = ("learned", "dual")
 LAM_SAMPLING = ("uniform", "peak")
@@ -68,7 +68,7 @@ class LearnConfig:
             raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}")
         if self.steps < 0 or self.eval_every < 1 or self.lr is None or self.lr <= 0:
             raise SymmergeError("--steps must be >= 0, eval_every >= 1 and the learning rate > 0")
-        grid(self.grid_points)
+        grid(self.grid_points, interior=True)
 
     def settings(self) -> dict:
         """What must be equal to resume a run (everything but the progress bar and checkpoint cadence)."""

@@ -18,10 +18,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import SymmergeError
-from ..barrier import above_line
+from ..barrier import above_line, highest_excess, line_barrier
+from ..evaluate import grid
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
 from .learner import Learner
-from .objective import barrier, grid, highest_excess
 
 
 class Interrupted(KeyboardInterrupt):
@@ -141,7 +141,7 @@ class Run:
             m["endpoint_losses"] = ends
         inner = self.learner.curve(self.val, self.lams[1:-1])
         losses = [m["endpoint_losses"][0], *inner, m["endpoint_losses"][1]]
-        b = barrier(self.lams, losses)
+        b = line_barrier(self.lams, losses)
         finite = math.isfinite(b)  # NaN is written as null (strict JSON) and is never the best
         m["history"].append({"step": step, "barrier": b if finite else None,
                              "losses": [x if math.isfinite(x) else None for x in losses]})

@@ -16,7 +16,7 @@ the interpolated model, with every model weight frozen.
   reaches. At the identity start its two sides get opposite copies of the one-sided gradient, so at
   learning rate lr the relative element gA^-1 gB first moves like one-sided learning's at 2 lr (tested).
 
-Loss: the stock HF loss (`objective.py`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
+Loss: the stock HF loss (`evaluate.StockForward`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
 lam per step (`lam_sampling="peak"`: half the steps take lam near the grid points where the last
 validation curve stands highest above the straight line, see `learn_loop.peak_lambda`).
 "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity, where every

@@ -13,11 +13,11 @@ from scipy.optimize import linear_sum_assignment
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import StraightThrough, apply
+from ..evaluate import StockForward, interpolate
 from ..merge import check_compatible
 from ..model import Model
 from ..spec import Spec, compose, identity_element
 from .learn_config import DTYPES, LearnConfig
-from .objective import Objective, interpolate
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 
 
@@ -82,7 +82,7 @@ class Learner:
         ident = identity_element(self.spec)
         self.base = {"A": ident, "B": ident} if self.dual else {"B": self.init}
         self.slots = self._make_slots(cont, ste, methods)
-        self.obj = Objective(a, DTYPES[cfg.dtype])
+        self.obj = StockForward(a, DTYPES[cfg.dtype])
         b_params = apply(self.spec, self.init, b.params) if self.dual else b.params
         self.params = {"A": self.obj.cast(a.params), "B": self.obj.cast(b_params)}
 

@@ -11,6 +11,7 @@ import torch
 
 from .. import SymmergeError
 from ..apply import apply
+from ..evaluate import max_abs_diff, model_inputs
 from ..io import AtomicFolder, prepare_output
 from ..model import Model, hf_class, save_model
 from .learn_config import LearnConfig
@@ -38,11 +39,10 @@ def _stock(folder, class_name: str):
 @torch.no_grad()
 def logit_gap(source, output, class_name: str, batch: dict) -> float:
     """Largest |logit difference| between two checkpoints loaded by stock transformers (in float64,
-    so that it measures the stored weights, not the arithmetic)."""
-    inputs = {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in batch.items() if k != "labels"}
-    x = _stock(source, class_name)(**inputs).logits
-    y = _stock(output, class_name)(**inputs).logits
-    return float((x - y).abs().max())
+    so that it measures the stored weights, not the arithmetic): the files are what is checked, so
+    this loads them rather than running canonical parameters through `StockForward`."""
+    inputs = model_inputs(batch, torch.float64)
+    return max_abs_diff(_stock(source, class_name)(**inputs).logits, _stock(output, class_name)(**inputs).logits)
 
 
 def output_report(pairs: list[tuple[Path, Path]], class_name: str, batch: dict) -> list[dict]:
