@@ -42,9 +42,10 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
     """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says."""
     if action.how == "sq":
         return t * g.to(t.dtype) ** 2
-    m = g if action.how == "g" else G.inverse_transpose(group, g)
-    if group.kind == "scalar":
-        return t * m.to(t.dtype)
+    kind = group.structure
+    m = g if action.how == "g" else kind.inverse_transpose(g)
+    if not kind.acts_on_axis:  # a scalar scales the whole tensor
+        return kind.act_leading(m, t, 0)
     lead = (*action.batch_axes, action.axis)
     x = torch.movedim(t, lead, tuple(range(len(lead))))  # (*batch, n, *rest)
     nb = len(action.batch_axes)
@@ -53,18 +54,11 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
             f"group {group.name} of size {group.size} and batch {group.batch} cannot act on axes {lead} "
             f"of a tensor of shape {tuple(t.shape)}"
         )
-    rest = x.shape[nb + 1 :]
     if isinstance(m, StraightThrough):
         flat = x.reshape(*x.shape[: nb + 1], -1)
         y = _StraightThroughPermute.apply(m.latent, m.index, flat).reshape(x.shape)
-    elif group.kind == "permutation":
-        idx = m.reshape(*m.shape, *([1] * len(rest))).expand(x.shape)
-        y = torch.gather(x, nb, idx)
-    elif group.kind == "diagonal":
-        y = x * m.to(x.dtype).reshape(*m.shape, *([1] * len(rest)))
     else:
-        flat = x.reshape(*x.shape[: nb + 1], -1)  # (*batch, n, prod(rest))
-        y = (m.to(x.dtype) @ flat).reshape(x.shape)
+        y = kind.act_leading(m, x, nb)
     return torch.movedim(y, tuple(range(len(lead))), lead)
 
 

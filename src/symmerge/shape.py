@@ -24,7 +24,7 @@ class ModelShape:
     gated: bool  # SwiGLU MLP (gate and up projections)
     parallel: bool  # attention and MLP read the same residual (GPT-NeoX parallel residual)
     rotary_dims: int  # per-head dimensions rotated by RoPE (0: no RoPE)
-    rotary_layout: str  # "half": rotate_half pairs i with i + rotary_dims/2; "none"
+    rotary_layout: str  # "half": rotate_half pairs i with i + rotary_dims/2; "interleaved": 2i with 2i+1; "none" (rotary.py)
     tied: bool  # input embedding and LM head shared in the source checkpoint
     eps: float  # the normalisation epsilon of the source checkpoint
     eps_in_config: bool  # False when the architecture hard-codes eps (then no residual scale)

@@ -20,6 +20,7 @@ import torch
 
 from . import SymmergeError
 from . import groups as G
+from .rotary import LAYOUTS
 from .shape import ModelShape
 
 FAMILIES = ("residual_rotation", "residual_perm", "residual_scale", "head_perm", "qk_map", "ov_map", "ffn_perm",
@@ -127,7 +128,7 @@ def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
     rope = ("rope",) if s.rotary_dims else ()
     groups[f"{p}.qk"] = G.Group(
         f"{p}.qk", "qk_map", "invertible", dh, batch=(nkv,), constraints=rope + clip, layer=i,
-        rotary_dims=s.rotary_dims, indexed_by=f"{p}.heads",
+        rotary_dims=s.rotary_dims, rotary_layout=s.rotary_layout, indexed_by=f"{p}.heads",
         note=("q k^T is unchanged; commutes with RoPE: scaled rotations on rotary pairs" if rope else "q k^T is unchanged")
         + (", full on the other dims" if rope and s.rotary_dims < dh else "")
         + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
@@ -182,8 +183,19 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     return a
 
 
+def _check_rotary(s: ModelShape) -> None:
+    """Refuse a rotary layout without a pairing in `rotary.py`: QK maps built for the wrong pairs would not
+    commute with the model's rotation, and every aligned or merged model would silently compute another function."""
+    if s.rotary_dims and s.rotary_layout not in LAYOUTS:
+        raise SymmergeError(
+            f"{s.hf_class}: rotary layout {s.rotary_layout!r} is not implemented (symmerge pairs rotary dimensions "
+            f"as {' or '.join(LAYOUTS)}); its QK maps would not commute with the model's RoPE"
+        )
+
+
 def build_spec(s: ModelShape) -> Spec:
     """The symmetry group of a model of shape `s` and its action on every canonical tensor."""
+    _check_rotary(s)
     groups: dict[str, G.Group] = {}
     notes: list[str] = []
     _residual_groups(s, groups, notes)

@@ -37,9 +37,8 @@ from .. import SymmergeError
 from .. import groups as G
 
 METHODS = ("cayley", "cayley-signs", "expm", "polar", "direct")
-ADMITS = {"orthogonal": ("cayley", "cayley-signs", "expm"), "invertible": ("expm", "polar", "direct")}
-#: what "auto" picks per kind
-AUTO = {"orthogonal": "cayley", "invertible": "polar"}
+#: the methods `--param` may choose per kind (read from the kind objects; "auto" is `Kind.default_param`)
+ADMITS = {k: s.admits for (k, c), s in G.STRUCTURES.items() if not c and s.param_choice}
 DTYPE = G.DTYPE
 
 Raw = dict[str, torch.Tensor]
@@ -165,61 +164,104 @@ def _unprefixed(d: Raw, prefix: str) -> Raw:
     return {k[len(prefix):]: v for k, v in d.items() if k.startswith(prefix)}
 
 
-class Parametrization:
-    """The parameterisation `method` of one continuous group (see the module docstring)."""
+class _Form:
+    """One parameterisation form (`kinds.Kind.param_form`): `element` and its right inverse `from_element`."""
 
     def __init__(self, group: G.Group, method: str):
         self.group, self.method = group, method
-        # fixes_ones: O = 11^T/n + U R U^T (groups.orthogonal_fixing_ones) with U computed once, not per step
-        self._ones = None
-        if "fixes_ones" in group.constraints:
-            n = group.size
-            self._ones = (torch.full((n, n), 1.0 / n, dtype=DTYPE), G.ones_complement_basis(n))
+
+
+class _ScalarForm(_Form):  # a = exp(log)
+    def element(self, raw: Raw, fixed: Raw) -> torch.Tensor:
+        return torch.exp(raw["log"])
+
+    def from_element(self, x: torch.Tensor) -> tuple[Raw, Raw]:
+        return {"log": torch.log(_nonzero(x, self.group).abs())}, {}
+
+
+class _DiagonalForm(_Form):  # d = sign * exp(log), the sign fixed
+    def element(self, raw, fixed):
+        return fixed["sign"] * torch.exp(raw["log"])
+
+    def from_element(self, x):
+        return {"log": torch.log(_nonzero(x, self.group).abs())}, {"sign": torch.sign(x)}
+
+
+def _nonzero(x: torch.Tensor, group: G.Group) -> torch.Tensor:
+    if bool((x == 0).any()):
+        raise SymmergeError(f"element of {group.name} has a zero scale: it is not invertible")
+    return x
+
+
+class _OrthogonalForm(_Form):
+    def element(self, raw, fixed):
+        return _orth_element(self.method, raw, fixed)
+
+    def from_element(self, x):
+        return _orth_from(self.method, x, self.group.name)
+
+
+class _OrthogonalFixingOnesForm(_Form):
+    """O = 11^T/n + U R U^T (kinds.orthogonal_fixing_ones), R parameterised in O(n-1), U computed once, not per step."""
+
+    def __init__(self, group, method):
+        super().__init__(group, method)
+        n = group.size
+        self._mean, self._u = torch.full((n, n), 1.0 / n, dtype=DTYPE), G.ones_complement_basis(n)
+
+    def element(self, raw, fixed):
+        return self._mean + self._u @ _orth_element(self.method, raw, fixed) @ self._u.T
+
+    def from_element(self, x):
+        return _orth_from(self.method, self._u.T @ x @ self._u, self.group.name)  # R in O(n-1)
+
+
+class _InvertibleForm(_Form):
+    def element(self, raw, fixed):
+        return _inv_element(self.method, raw, fixed)
+
+    def from_element(self, x):
+        return _inv_from(self.method, x, self.group.name)
+
+
+class _RopeForm(_Form):
+    """A log-polar scaled rotation exp(rho) (cos phi, sin phi) per rotary pair, the method on the free block."""
+
+    def element(self, raw, fixed):
+        g = self.group
+        rho, phi = raw["pairs"].unbind(-1)
+        rad = torch.exp(rho)
+        free = (_inv_element(self.method, _unprefixed(raw, "free."), _unprefixed(fixed, "free."))
+                if g.size > g.rotary_dims else torch.zeros(*g.batch, 0, 0, dtype=DTYPE))
+        return g.pairing.blocks(g.size, rad * torch.cos(phi), rad * torch.sin(phi), free)
+
+    def from_element(self, x):
+        g = self.group
+        a, b = g.pairing.pairs(x)
+        raw = {"pairs": torch.stack([torch.log(torch.hypot(a, b)), torch.atan2(b, a)], -1)}
+        if g.size == g.rotary_dims:
+            return raw, {}
+        fr, ff = _inv_from(self.method, g.pairing.free(x), g.name)
+        return {**raw, **_prefixed(fr, "free.")}, _prefixed(ff, "free.")
+
+
+FORMS = {"scalar": _ScalarForm, "diagonal": _DiagonalForm, "orthogonal": _OrthogonalForm,
+         "orthogonal_fixing_ones": _OrthogonalFixingOnesForm, "invertible": _InvertibleForm, "rope": _RopeForm}
+
+
+class Parametrization:
+    """The parameterisation `method` of one continuous group, in the form its kind names (module docstring)."""
+
+    def __init__(self, group: G.Group, method: str):
+        self.group, self.method = group, method
+        self._form = FORMS[group.structure.param_form](group, method)
 
     def element(self, raw: Raw, fixed: Raw) -> torch.Tensor:
-        g = self.group
-        if g.kind == "scalar":
-            return torch.exp(raw["log"])
-        if g.kind == "diagonal":
-            return fixed["sign"] * torch.exp(raw["log"])
-        if g.kind == "orthogonal":
-            r = _orth_element(self.method, raw, fixed)
-            if self._ones is None:
-                return r
-            mean, u = self._ones
-            return mean + u @ r @ u.T
-        if "rope" in g.constraints:
-            rho, phi = raw["pairs"].unbind(-1)
-            rad = torch.exp(rho)
-            n_free = g.size - g.rotary_dims
-            free = (_inv_element(self.method, _unprefixed(raw, "free."), _unprefixed(fixed, "free."))
-                    if n_free else torch.zeros(*g.batch, 0, 0, dtype=DTYPE))
-            return G.rope_blocks(g, rad * torch.cos(phi), rad * torch.sin(phi), free)
-        return _inv_element(self.method, raw, fixed)
+        return self._form.element(raw, fixed)
 
     def from_element(self, x: torch.Tensor) -> tuple[Raw, Raw]:
         """Raw and fixed tensors whose element is `x` (which must be a member of the group)."""
-        g, what = self.group, self.group.name
-        x = x.to(DTYPE)
-        if g.kind in ("scalar", "diagonal"):
-            if bool((x == 0).any()):
-                raise SymmergeError(f"element of {what} has a zero scale: it is not invertible")
-            return {"log": torch.log(x.abs())}, ({"sign": torch.sign(x)} if g.kind == "diagonal" else {})
-        if g.kind == "orthogonal":
-            if "fixes_ones" in g.constraints:
-                u = G.ones_complement_basis(g.size)
-                x = u.T @ x @ u  # R in O(n-1)
-            return _orth_from(self.method, x, what)
-        if "rope" in g.constraints:
-            h, r = g.rotary_dims // 2, g.rotary_dims
-            idx = torch.arange(h)
-            a, b = x[..., idx, idx], x[..., idx + h, idx]
-            raw = {"pairs": torch.stack([torch.log(torch.hypot(a, b)), torch.atan2(b, a)], -1)}
-            if g.size == r:
-                return raw, {}
-            fr, ff = _inv_from(self.method, x[..., r:, r:], what)
-            return {**raw, **_prefixed(fr, "free.")}, _prefixed(ff, "free.")
-        return _inv_from(self.method, x, what)
+        return self._form.from_element(x.to(DTYPE))
 
     def identity(self) -> tuple[Raw, Raw]:
         """Raw tensors whose element is exactly the identity: zeros (signs +1), the free matrix I for direct.
@@ -237,60 +279,65 @@ def learnable(group: G.Group) -> bool:
 def straight_through(group: G.Group) -> bool:
     """Permutations, as index vectors or as permutation matrices, are learned by a straight-through
     estimator; signed permutations (clip_qkv) stay fixed."""
-    return group.discrete and "signed_permutation" not in group.constraints
+    return group.structure.straight_through
 
 
 def parametrization(group: G.Group, method: str) -> Parametrization:
     """The parameterisation of `group` by `method` ("log" for scales), or a SymmergeError saying why not."""
     if not learnable(group):
         raise SymmergeError(f"{group.name} is discrete ({group.order_note}): it has no parameterisation and is kept fixed")
-    if group.kind in ("scalar", "diagonal"):
-        return Parametrization(group, "log")
+    kind = group.structure
+    if not kind.param_choice:
+        return Parametrization(group, kind.default_param)
     if method not in METHODS:
         raise SymmergeError(f"unknown parameterisation {method!r}; choose from {', '.join(METHODS)}")
-    if method not in ADMITS[group.kind]:
+    if method not in kind.admits:
         raise SymmergeError(
             f"parameterisation {method} does not keep {group.name} ({group.kind}) in its group; "
-            f"{group.kind} groups admit {', '.join(ADMITS[group.kind])}"
+            f"{group.kind} groups admit {', '.join(kind.admits)}"
         )
     return Parametrization(group, method)
+
+
+def _per_family(groups: dict[str, G.Group], text: str) -> tuple[dict[str, str], str]:
+    """`--param` as (method per named family, default for the others)."""
+    if "=" not in text:
+        return {}, text
+    per_family: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        fam, _, meth = item.partition("=")
+        per_family[fam.strip()] = meth.strip()
+    unknown = [f for f in per_family if not any(g.family == f for g in groups.values())]
+    if unknown:
+        raise SymmergeError(f"--param names families {unknown} that are not being learned")
+    return per_family, "auto"
 
 
 def resolve_methods(groups: dict[str, G.Group], text: str | None) -> dict[str, str]:
     """Method per learnable group from `--param`: "auto", one method for every matrix group, or
     "family=method,..." (families not named use auto). A method some group does not admit is an error."""
-    text = (text or "auto").strip()
-    per_family: dict[str, str] = {}
-    default = "auto"
-    if "=" in text:
-        for item in filter(None, (s.strip() for s in text.split(","))):
-            fam, _, meth = item.partition("=")
-            per_family[fam.strip()] = meth.strip()
-        unknown = [f for f in per_family if not any(g.family == f for g in groups.values())]
-        if unknown:
-            raise SymmergeError(f"--param names families {unknown} that are not being learned")
-    else:
-        default = text
+    per_family, default = _per_family(groups, (text or "auto").strip())
     out = {}
     bad = []
     for name, g in groups.items():
         if not learnable(g):
             continue
-        if g.kind in ("scalar", "diagonal"):
-            out[name] = "log"
+        kind = g.structure
+        if not kind.param_choice:
+            out[name] = kind.default_param
             continue
         meth = per_family.get(g.family, default)
-        meth = AUTO[g.kind] if meth == "auto" else meth
+        meth = kind.default_param if meth == "auto" else meth
         if meth not in METHODS:
             raise SymmergeError(f"unknown parameterisation {meth!r}; choose from auto, {', '.join(METHODS)}")
-        if meth not in ADMITS[g.kind]:
+        if meth not in kind.admits:
             bad.append((g, meth))
         out[name] = meth
     if bad:
         g, meth = bad[0]
         raise SymmergeError(
             f"parameterisation {meth} does not keep {g.family} ({g.kind}) in its group: {g.kind} groups admit "
-            f"{', '.join(ADMITS[g.kind])}; choose per family, e.g. --param "
-            f"{g.family}={ADMITS[g.kind][0]},... (or --param expm, admitted by every kind)"
+            f"{', '.join(g.structure.admits)}; choose per family, e.g. --param "
+            f"{g.family}={g.structure.admits[0]},... (or --param expm, admitted by every kind)"
         )
     return out

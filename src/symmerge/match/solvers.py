@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones, rope_blocks
+from ..groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones
 
 
 def linear_assignment(score: torch.Tensor) -> torch.Tensor:
@@ -46,11 +46,10 @@ def linear_assignment(score: torch.Tensor) -> torch.Tensor:
 
 
 def best_rotation(group, c: torch.Tensor) -> torch.Tensor:
-    """The member of an orthogonal `group` maximising `tr(O^T c)`: Procrustes, or, for a group restricted
-    to permutation matrices, the assignment maximising `sum_i c[i, p[i]]` as a matrix."""
-    if "permutation_matrix" in group.constraints:
-        return torch.nn.functional.one_hot(linear_assignment(c), c.shape[-1]).to(c.dtype)
-    return procrustes(c, "fixes_ones" in group.constraints)
+    """The member of an orthogonal `group` maximising `tr(O^T c)`: the solver its kind names (Procrustes,
+    Procrustes fixing the all-ones vector, or, over permutation matrices, the assignment maximising
+    `sum_i c[i, p[i]]` as a matrix)."""
+    return ROTATION_SOLVERS[group.structure.solver](c)
 
 
 def procrustes(c: torch.Tensor, fixes_ones: bool = False) -> torch.Tensor:
@@ -133,19 +132,12 @@ def balanced_lstsq(xa, xb, ya, yb) -> torch.Tensor:
     return u @ torch.diag_embed(s_new) @ vh
 
 
-def _pair_rows(x: torch.Tensor, h: int):
-    """Rotary pairs (i, i+h) of `x [.., n, m]` as `[.., h, 2, m]`, and `J x` on each pair (J = [[0,-1],[1,0]])."""
-    p = torch.stack([x[..., :h, :], x[..., h : 2 * h, :]], dim=-2)
-    jp = torch.stack([-p[..., 1, :], p[..., 0, :]], dim=-2)
-    return p, jp
-
-
-def _rope_pairs_lstsq(xa, xb, ya, yb, h):
+def _rope_pairs_lstsq(xa, xb, ya, yb, pairing):
     """Scaled rotations `a I + b J` on each pair: decoupled 2-parameter least squares."""
-    pxa, _ = _pair_rows(xa, h)
-    pxb, jxb = _pair_rows(xb, h)
-    pya, jya = _pair_rows(ya, h)
-    pyb, _ = _pair_rows(yb, h)
+    pxa, _ = pairing.pair_rows(xa)
+    pxb, jxb = pairing.pair_rows(xb)
+    pya, jya = pairing.pair_rows(ya)
+    pyb, jyb = pairing.pair_rows(yb)
     dot = lambda u, v: (u * v).sum((-1, -2))  # noqa: E731
     den = dot(pxb, pxb) + dot(pya, pya)  # <X, JX> = 0, so the normal equations are diagonal
     a = (dot(pxb, pxa) + dot(pya, pyb)) / den
@@ -153,7 +145,6 @@ def _rope_pairs_lstsq(xa, xb, ya, yb, h):
     # keep the angle, re-solve the radius r of r R exactly ((r R)^{-T} = R / r): as in balanced_lstsq
     r = torch.sqrt(a * a + b * b).clamp_min(torch.finfo(DTYPE).tiny)
     c, sn = a / r, b / r
-    _, jyb = _pair_rows(yb, h)
     rxb = c[..., None, None] * pxb + sn[..., None, None] * jxb  # R xb on each pair
     ryb = c[..., None, None] * pyb + sn[..., None, None] * jyb
     r_new = best_scale(dot(pxb, pxb), dot(pxa, rxb), dot(pyb, pyb), dot(pya, ryb))
@@ -162,16 +153,16 @@ def _rope_pairs_lstsq(xa, xb, ya, yb, h):
 
 
 def rope_lstsq(group, xa, xb, ya, yb) -> torch.Tensor:
-    """The balanced least squares over maps that commute with RoPE (see `groups.rope_blocks`).
+    """The balanced least squares over maps that commute with RoPE (see `rotary.Pairing.blocks`).
 
     The maps are block diagonal (one 2x2 block per rotary pair, one full block on the other dims),
     so the objective splits into independent blocks.
     """
     r, n = group.rotary_dims, group.size
-    a, b = _rope_pairs_lstsq(xa, xb, ya, yb, r // 2)
+    a, b = _rope_pairs_lstsq(xa, xb, ya, yb, group.pairing)
     free = balanced_lstsq(xa[..., r:, :], xb[..., r:, :], ya[..., r:, :], yb[..., r:, :]) if n > r else \
         torch.zeros(*xa.shape[:-2], 0, 0, dtype=DTYPE)
-    return rope_blocks(group, a, b, free)
+    return group.pairing.blocks(n, a, b, free)
 
 
 def signed_permutation(c: torch.Tensor) -> torch.Tensor:
@@ -190,11 +181,11 @@ def signed_rope(group, xa, xb, ya, yb) -> torch.Tensor:
 
     These maps are orthogonal (`S^{-T} = S`), so the best one maximises `<Xa, S Xb> + <Ya, S Yb>`.
     """
-    r, n, h = group.rotary_dims, group.size, group.rotary_dims // 2
-    pxa, _ = _pair_rows(xa, h)
-    pxb, jxb = _pair_rows(xb, h)
-    pya, _ = _pair_rows(ya, h)
-    pyb, jyb = _pair_rows(yb, h)
+    r, n = group.rotary_dims, group.size
+    pxa, _ = group.pairing.pair_rows(xa)
+    pxb, jxb = group.pairing.pair_rows(xb)
+    pya, _ = group.pairing.pair_rows(ya)
+    pyb, jyb = group.pairing.pair_rows(yb)
     dot = lambda u, v: (u * v).sum((-1, -2))  # noqa: E731
     ca, cb = dot(pxa, pxb) + dot(pya, pyb), dot(pxa, jxb) + dot(pya, jyb)  # value = a ca + b cb
     turns = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]], dtype=DTYPE)
@@ -203,15 +194,30 @@ def signed_rope(group, xa, xb, ya, yb) -> torch.Tensor:
     t = lambda m: m.transpose(-1, -2)  # noqa: E731
     c_free = xa[..., r:, :] @ t(xb[..., r:, :]) + ya[..., r:, :] @ t(yb[..., r:, :])
     free = signed_permutation(c_free) if n > r else torch.zeros(*xa.shape[:-2], 0, 0, dtype=DTYPE)
-    return rope_blocks(group, a, b, free)
+    return group.pairing.blocks(n, a, b, free)
+
+
+def _signed_map(group, xa, xb, ya, yb) -> torch.Tensor:
+    """clip_qkv without RoPE: the signed permutation maximising `<Xa, S Xb> + <Ya, S Yb>` (`S^{-T} = S`)."""
+    t = lambda m: m.transpose(-1, -2)  # noqa: E731
+    return signed_permutation(xa @ t(xb) + ya @ t(yb))
+
+
+#: the solver each kind names (`kinds.Kind.solver`), for orthogonal groups given `c` ...
+ROTATION_SOLVERS = {
+    "procrustes": procrustes,
+    "procrustes_fixing_ones": lambda c: procrustes(c, True),
+    "assignment_matrix": lambda c: torch.nn.functional.one_hot(linear_assignment(c), c.shape[-1]).to(c.dtype),
+}
+#: ... and for invertible groups given both sides
+MAP_SOLVERS = {
+    "balanced_lstsq": lambda group, xa, xb, ya, yb: balanced_lstsq(xa, xb, ya, yb),
+    "rope_lstsq": rope_lstsq,
+    "signed_permutation": _signed_map,
+    "signed_rope": signed_rope,
+}
 
 
 def solve_map(group, xa, xb, ya, yb) -> torch.Tensor:
-    """The best element of an invertible group (batched) given both sides, honouring its constraints."""
-    signed = "signed_permutation" in group.constraints
-    if "rope" in group.constraints:
-        return signed_rope(group, xa, xb, ya, yb) if signed else rope_lstsq(group, xa, xb, ya, yb)
-    if signed:
-        t = lambda m: m.transpose(-1, -2)  # noqa: E731
-        return signed_permutation(xa @ t(xb) + ya @ t(yb))
-    return balanced_lstsq(xa, xb, ya, yb)
+    """The best element of an invertible group (batched) given both sides: the solver its kind names."""
+    return MAP_SOLVERS[group.structure.solver](group, xa, xb, ya, yb)

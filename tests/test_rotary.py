@@ -1,0 +1,118 @@
+"""The rotary pairing (symmerge.rotary), both layouts, checked against the stock RoPE code of transformers.
+
+A QK map M is a symmetry exactly when it commutes with the rotation R_p of every position p: then
+(R_p M^T q) . (R_p' M^{-1} k) = q . (R_p^T R_p') k for all positions. The rotations R_p are built here
+from transformers' own functions (`rotate_half` for the "half" layout, GPT-J's `apply_rotary_pos_emb`
+for "interleaved"), so the test does not trust symmerge's idea of the layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_rotary
+from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+from transformers.models.llama.modeling_llama import rotate_half
+
+from symmerge import SymmergeError
+from symmerge import groups as G
+from symmerge.match.parametrize import parametrization
+from symmerge.match.solvers import solve_map
+from symmerge.spec import build_spec
+
+LAYOUTS = ("half", "interleaved")
+N, R, POSITIONS = 6, 4, 16
+EPS = torch.finfo(torch.float64).eps
+
+
+def _stock_rotations(layout: str, n: int = N, r: int = R, positions: int = POSITIONS) -> torch.Tensor:
+    """`[positions, n, n]`: the stock RoPE rotation of one head at every position (pass-through beyond r)."""
+    sincos = create_sinusoidal_positions(positions, r).to(torch.float64)  # [pos, r]: sin | cos of pos * freq
+    sin, cos = sincos[:, : r // 2], sincos[:, r // 2 :]
+    eye = torch.eye(r, dtype=torch.float64)
+    if layout == "interleaved":  # GPT-J: tensor [batch, seq, heads, r]; the "heads" are the basis vectors
+        out = gptj_rotary(eye.expand(1, positions, r, r), sin[None], cos[None])[0]  # [pos, j, :] = R_p e_j
+    else:  # rotate_half (Llama, NeoX): cos and sin repeated over the two halves
+        c, s = torch.cat([cos, cos], -1)[:, None, :], torch.cat([sin, sin], -1)[:, None, :]
+        out = eye * c + rotate_half(eye.expand(positions, r, r)) * s
+    rot = torch.eye(n, dtype=torch.float64).repeat(positions, 1, 1)
+    rot[:, :r, :r] = out.transpose(-1, -2)  # columns R_p e_j
+    return rot
+
+
+def _group(layout: str, constraints=("rope",)) -> G.Group:
+    return G.Group("m", "qk_map", "invertible", N, batch=(3,), constraints=constraints, rotary_dims=R,
+                   rotary_layout=layout)
+
+
+def _commutator(m: torch.Tensor, rot: torch.Tensor) -> float:
+    """max over positions and batch of |M R_p - R_p M|, relative to |M|."""
+    m = m.unsqueeze(-3)  # [*batch, 1, n, n] against rot [pos, n, n]
+    return float(((m @ rot - rot @ m).abs().amax() / m.abs().amax()))
+
+
+def test_stock_rotations_differ_between_layouts():
+    """Negative control for the tests below: the two layouts really pair different dimensions."""
+    assert float((_stock_rotations("half") - _stock_rotations("interleaved")).abs().max()) > 0.1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("constraints", [("rope",), ("rope", "signed_permutation")])
+@pytest.mark.parametrize("seed", range(3))
+def test_random_elements_commute_with_every_position(layout, constraints, seed):
+    grp = _group(layout, constraints)
+    m = G.random_element(grp, torch.Generator().manual_seed(seed))
+    assert G.membership_error(grp, m) <= 64 * EPS
+    assert _commutator(m, _stock_rotations(layout)) <= 64 * EPS, f"{layout}: the map does not commute with RoPE"
+    other = "half" if layout == "interleaved" else "interleaved"
+    if "signed_permutation" not in constraints:  # a quarter turn can commute with both layouts' rotations
+        assert _commutator(m, _stock_rotations(other)) > 1e-3, "negative control: the other layout's rotation"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_non_commuting_maps_are_rejected(layout):
+    grp = _group(layout)
+    free = G.random_element(dataclasses.replace(grp, constraints=()), torch.Generator().manual_seed(1))
+    assert _commutator(free, _stock_rotations(layout)) > 1e-3
+    assert G.membership_error(grp, free) > 1e-3
+    other = G.random_element(_group("half" if layout == "interleaved" else "interleaved"), torch.Generator().manual_seed(2))
+    assert _commutator(other, _stock_rotations(layout)) > 1e-3
+    assert G.membership_error(grp, other) > 1e-3, "a map for the other pairing must not pass as a member"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_solver_recovers_a_planted_map(layout):
+    grp = _group(layout)
+    gen = torch.Generator().manual_seed(0)
+    m = G.random_element(grp, gen)
+    xb, yb = torch.randn(3, N, 20, generator=gen, dtype=torch.float64), torch.randn(3, N, 20, generator=gen, dtype=torch.float64)
+    xa, ya = m @ xb, G.inverse_transpose(grp, m) @ yb
+    found = solve_map(grp, xa, xb, ya, yb)
+    assert float((found - m).abs().max()) <= 1e-9 and G.membership_error(grp, found) <= 64 * EPS
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("method", ["polar", "direct"])  # expm reaches only det > 0 (test_parametrize)
+def test_parametrization_round_trip_stays_commuting(layout, method):
+    grp = _group(layout)
+    m = G.random_element(grp, torch.Generator().manual_seed(4), spread=1.5)
+    p = parametrization(grp, method)
+    raw, fixed = p.from_element(m)
+    assert float((p.element(raw, fixed) - m).abs().max()) <= 1e-9
+    moved = p.element({k: v + 0.1 for k, v in raw.items()}, fixed)
+    assert _commutator(moved, _stock_rotations(layout)) <= 1e-12, "every raw value must stay in the group"
+
+
+def test_spec_reads_the_layout_and_refuses_unknown_ones():
+    from factories import make_model
+    from symmerge.adapters import adapter_for
+
+    config = make_model("llama").config
+    shape = adapter_for(config).shape(config)
+    assert shape.rotary_layout == "half"
+    spec = build_spec(dataclasses.replace(shape, rotary_layout="interleaved"))
+    assert spec.groups["blocks.0.qk"].pairing.layout == "interleaved"
+    with pytest.raises(SymmergeError, match="rotary layout 'pairs_of_three' is not implemented"):
+        build_spec(dataclasses.replace(shape, rotary_layout="pairs_of_three"))
