@@ -83,7 +83,7 @@ def reassigned(spec, start: dict, end: dict) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for n, grp in spec.groups.items():
         if straight_through(grp):
-            s, e = (start[n], end[n]) if grp.kind == "permutation" else (start[n].argmax(-1), end[n].argmax(-1))
+            s, e = (start[n], end[n]) if grp.structure.index_vector else (start[n].argmax(-1), end[n].argmax(-1))
             changed, total = out.setdefault(grp.family, [0, 0])
             out[grp.family] = [changed + int((e != s).sum()), total + s.numel()]
     return out

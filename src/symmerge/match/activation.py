@@ -200,7 +200,7 @@ def _writer_scale(a: Model, b: Model, chosen) -> float:
 
 def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i, rot) -> None:
     top = _layer(spec, i, "head_perm")
-    inner = next((n for n, x in spec.groups.items() if x.indexed_by == top and x.kind == "permutation"), None)
+    inner = next((n for n, x in spec.groups.items() if x.indexed_by == top and x.structure.index_vector), None)
     s = model_a.shape
     if top in chosen:
         sim = (acts_a[("pattern", i)] @ acts_b[("pattern", i)].T).reshape(s.n_kv_heads, s.q_per_kv, s.n_kv_heads, s.q_per_kv)

@@ -115,7 +115,7 @@ class Learner:
         g = dict(self.base[side])
         for s in (s for s in self.slots if s.side == side):
             grp = self.spec.groups[s.group]
-            if s.param is None and grp.kind == "permutation":
+            if s.param is None and grp.structure.index_vector:
                 p = lap(s.raw["latent"])
                 g[s.group] = p if hard else StraightThrough(p, s.raw["latent"])
                 continue

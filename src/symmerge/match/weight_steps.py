@@ -35,7 +35,7 @@ def _allowed(spec: Spec, group: str, solved: set[str], chosen: set[str]) -> set[
     ok = set()
     for name in costs.touching(spec, group):
         others = {a.group for a in spec.actions[name] if a.group != group}
-        if all(o in solved or o not in chosen or spec.groups[o].kind == "scalar" for o in others):
+        if all(o in solved or o not in chosen or not spec.groups[o].structure.acts_on_axis for o in others):
             ok.add(name)
     return ok or None
 
@@ -57,14 +57,14 @@ def solve_scaling(st: State, name: str, allowed) -> dict:
             if sa[how] is None:
                 continue
             xa, xb = sa[how], sb[how]
-            dims = tuple(range(xa.dim())) if grp.kind == "scalar" else -1
+            dims = tuple(range(xa.dim())) if not grp.structure.acts_on_axis else -1
             if how == "g":
                 p, q = p + (xb * xb).sum(dims), q + (xa * xb).sum(dims)
             else:
                 s, t = s + (xb * xb).sum(dims), t + (xa * xb).sum(dims)
     perm = st.g[grp.indexed_by] if grp.indexed_by else None
     current = st.g[name] if perm is None else st.g[name][perm]  # in A's order
-    d = best_scale(p, q, s, t, positive=grp.kind == "scalar" or "positive" in grp.constraints)
+    d = best_scale(p, q, s, t, positive=grp.structure.positive)
     d = torch.where(torch.isfinite(d), d, current)
     return {**st.g, name: scatter(d, perm)}
 
@@ -82,8 +82,8 @@ def _head_perms(st: State, names: list[str], bp: dict, chosen: set[str]) -> dict
     """Head (KV group) permutation and query-head permutations from circuit similarities."""
     spec = st.spec
     top = next(n for n in names if spec.groups[n].family == "head_perm" and not spec.groups[n].batch)
-    inner = next((n for n in spec.groups if spec.groups[n].indexed_by == top and spec.groups[n].kind == "permutation"), None)
-    maps = [n for n, g in spec.groups.items() if g.indexed_by == top and g.kind != "permutation"]
+    inner = next((n for n in spec.groups if spec.groups[n].indexed_by == top and spec.groups[n].structure.index_vector), None)
+    maps = [n for n, g in spec.groups.items() if g.indexed_by == top and not g.structure.index_vector]
     sim = 0.0
     for m in maps:
         sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
@@ -118,14 +118,14 @@ def _solve_heads(st: State, names: list[str], allowed, chosen: set[str]) -> dict
     block = [n for n, g in spec.groups.items() if g.layer == layer and g.family in HEAD_FAMILIES]
     touched = sorted({t for n in block for t in costs.touching(spec, n)} & set(st.A))
     g0 = without(st.g, block)
-    perms = {n: st.g[n] for n in block if spec.groups[n].kind == "permutation"}
+    perms = {n: st.g[n] for n in block if spec.groups[n].structure.index_vector}
     if any(spec.groups[n].family == "head_perm" for n in names):
         perms = _head_perms(st, names, st.moved(touched, g0), chosen)
     cand = {**st.g, **perms}
     bq = st.moved(touched, {**g0, **perms})  # B's heads in A's order, maps not applied
     for m in names:
         grp = spec.groups[m]
-        if grp.kind == "permutation":
+        if grp.structure.index_vector:
             continue
         sa, sb = costs.sides(spec, m, st.A), costs.sides(spec, m, bq)
         found = solve_map(grp, *(x.to(G.DTYPE) for x in (sa["g"], sb["g"], sa["inv_t"], sb["inv_t"])))
@@ -140,7 +140,7 @@ def _kind(spec: Spec, step: list[str]) -> str:
     grp = spec.groups[step[0]]
     if len(step) > 1 or grp.family in HEAD_FAMILIES:
         return "attention"
-    return "permutation" if grp.kind == "permutation" else "scaling"
+    return "permutation" if grp.structure.solver == "assignment" else "scaling"
 
 
 def _step(st: State, step: list[str], solved: set[str], chosen: set[str], first: bool) -> bool:
