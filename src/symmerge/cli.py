@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from . import SymmergeError, __version__
 
@@ -25,8 +27,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):
+    """SIGTERM unwinds like Ctrl-C, so that every `AtomicFolder` removes its temporary folder."""
+    raise KeyboardInterrupt("terminated")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.run(args) or 0)
     except SymmergeError as e:
@@ -35,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # learned matching says where its checkpoint is
         print(f"symmerge {args.command}: {e or 'interrupted'}", file=sys.stderr)
         return 130
+    except OSError as e:  # a full disk, a vanished folder: the system's words, and no traceback
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"symmerge {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    finally:  # a signal can land between a write's steps; its temporary folder goes all the same
+        io = sys.modules.get("symmerge.io")
+        if io is not None:
+            io.remove_pending()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,19 @@ def _open(path: Path):
 
 def read_idx(path: Path) -> np.ndarray:
     """An IDX file (MNIST format): magic 0x00 0x00 dtype ndim, big-endian dims, then raw data."""
-    with _open(path) as f:
-        head = f.read(4)
-        if len(head) != 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
-            raise SymmergeError(f"{path} is not an unsigned-byte IDX file (bad magic number); pass MNIST-format files")
-        dims = struct.unpack(">" + "I" * head[3], f.read(4 * head[3]))
-        data = np.frombuffer(f.read(), dtype=np.uint8)
+    try:
+        with _open(path) as f:
+            head = f.read(4)
+            if len(head) != 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
+                raise SymmergeError(f"{path} is not an unsigned-byte IDX file (bad magic number); pass MNIST-format files")
+            raw_dims = f.read(4 * head[3])
+            if len(raw_dims) != 4 * head[3]:
+                raise SymmergeError(f"{path}: the header is cut short ({len(raw_dims)} of {4 * head[3]} bytes of "
+                                    "dimensions); the file is truncated: re-copy it")
+            dims = struct.unpack(">" + "I" * head[3], raw_dims)
+            data = np.frombuffer(f.read(), dtype=np.uint8)
+    except (EOFError, OSError, zlib.error) as e:  # a cut or corrupt .gz stream
+        raise SymmergeError(f"cannot read {path}: {e}; the file is truncated or corrupt: re-copy it") from None
     if data.size != int(np.prod(dims)):
         raise SymmergeError(f"{path} holds {data.size} bytes but its header says {dims}; the file is truncated")
     return data.reshape(dims)

@@ -5,10 +5,13 @@ Never unpickles: a folder with only `pytorch_model.bin` is refused with instruct
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -50,6 +53,11 @@ class Checkpoint:
             missing = sorted({str(f.name) for f in files.values() if not f.is_file()})
             if missing:
                 raise SymmergeError(f"{self.path}: shards {missing} named in {INDEX} are missing; copy the complete checkpoint")
+            for shard in sorted(set(files.values())):  # headers only: cheap, and every later read can trust the index
+                absent = sorted(set(k for k, f in files.items() if f == shard) - set(self._open(shard).keys()))
+                if absent:
+                    raise SymmergeError(f"{shard} lacks {len(absent)} tensor(s) that {INDEX} places there (first: "
+                                        f"{absent[0]}); the index does not match its shards: re-save or re-copy the checkpoint")
             return files
         if single.is_file():
             return {k: single for k in self._open(single).keys()}
@@ -119,39 +127,139 @@ def load_config(path: Path):
         raise SymmergeError(f"cannot load {path / 'config.json'}: {str(e).splitlines()[0]}") from None
 
 
-def prepare_output(out: str | os.PathLike, force: bool) -> Path:
-    """Refuse a non-empty OUT unless `force`; return the path (nothing is created yet)."""
+def prepare_output(out: str | os.PathLike, force: bool, inputs=()) -> Path:
+    """Refuse an OUT that cannot or must not be written, before any work; return the path (nothing is
+    created yet).
+
+    Refused: a non-empty OUT without `force`; an OUT equal to, inside, or (with `force`) holding one of
+    `inputs` (inputs are never modified); an OUT whose nearest existing ancestor is a file or is not
+    writable. Leftovers of a killed earlier write into the same OUT are cleaned first (`clean_stale`).
+    """
     out = Path(out)
+    for src in inputs:
+        _refuse_overlap(out, Path(src), force)
+    ancestor = out.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise SymmergeError(f"cannot create {out}: {ancestor} is a file, not a folder; choose another output folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SymmergeError(f"cannot write {out}: no write permission in {ancestor}; choose another output folder")
+    clean_stale(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise SymmergeError(f"{out} exists and is not empty; choose another folder or pass --force to replace it")
     return out
 
 
+def _refuse_overlap(out: Path, src: Path, force: bool) -> None:
+    o, s = out.resolve(), src.resolve()
+    if o == s:
+        raise SymmergeError(f"output {out} is the input {src}; inputs are never modified: choose another output folder")
+    if s in o.parents:
+        raise SymmergeError(f"output {out} lies inside the input {src}; inputs are never modified: choose another output folder")
+    if o in s.parents and force:
+        raise SymmergeError(f"--force would replace {out}, which holds the input {src}; choose another output folder")
+
+
+def _stale(target: Path, kind: str) -> list[Path]:
+    """`.<name>.<kind>-<pid>-*` siblings of `target` left by processes that no longer run (and the
+    pid-less names of earlier versions)."""
+    found = []
+    for p in target.parent.glob(f".{target.name}.{kind}-*") if target.parent.is_dir() else ():
+        pid = p.name[len(f".{target.name}.{kind}-"):].split("-")[0]
+        if not (pid.isdigit() and _alive(int(pid))):
+            found.append(p)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def clean_stale(target: str | os.PathLike) -> None:
+    """Undo what a killed write into `target` left behind: its temporary folders go; an old output
+    that a kill between `AtomicFolder`'s two renames left hidden is put back when `target` is missing
+    (the new output was never completed), and removed otherwise."""
+    target = Path(target)
+    for tmp in _stale(target, "tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in _stale(target, "old"):
+        if not target.exists():
+            old.rename(target)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+#: temporary folders of writes in progress in this process (removed by `remove_pending` on the way out)
+_PENDING: set[Path] = set()
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """SIGINT/SIGTERM wait until the block is done (main thread only), so that no interruption lands
+    between creating a folder and recording it, or between the two renames that replace a target."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
+def remove_pending() -> None:
+    """Remove the temporary folders of writes this process started and did not finish."""
+    for tmp in list(_PENDING):
+        shutil.rmtree(tmp, ignore_errors=True)
+        _PENDING.discard(tmp)
+
+
 class AtomicFolder:
-    """Write into a temporary sibling folder; rename onto the target only when everything succeeded."""
+    """Write into a temporary sibling folder; rename onto the target only when everything succeeded.
+
+    The temporary folder and, while it is replaced, the old target are named `.<name>.tmp-<pid>-*` and
+    `.<name>.old-<pid>`. An interrupted run (exception, Ctrl-C, SIGTERM) removes its temporary folder;
+    one killed outright (SIGKILL) leaves at most those two, and the next write into the same target
+    removes them or restores the old target (`clean_stale`)."""
 
     def __init__(self, target: Path):
         self.target = Path(target)
 
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
+        clean_stale(self.target)
+        with _signals_deferred():
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-{os.getpid()}-", dir=self.target.parent))
+            _PENDING.add(self.tmp)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            _PENDING.discard(self.tmp)
             return False
         umask = os.umask(0)
         os.umask(umask)
         self.tmp.chmod(0o777 & ~umask)  # mkdtemp makes the folder private; outputs get the usual permissions
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-            self.target.rename(old)
-            self.tmp.rename(self.target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            self.tmp.rename(self.target)
+        with _signals_deferred():
+            if self.target.exists():
+                old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+                self.target.rename(old)
+                self.tmp.rename(self.target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                self.tmp.rename(self.target)
+            _PENDING.discard(self.tmp)
         return False
 
 

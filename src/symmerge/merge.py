@@ -9,6 +9,7 @@ the point of the whole tool.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from . import SymmergeError
 from .model import Model
@@ -31,8 +32,26 @@ def check_compatible(a, b, name_a: str = "A", name_b: str = "B") -> None:
                     "d_mlp": "FFN widths", "n_heads": "head counts"}.get(key, key)
             raise SymmergeError(f"{name_a} and {name_b} differ in {what}: {key}={sa[key]} vs {sb[key]}; "
                                 "only checkpoints of the same architecture and sizes can be aligned or merged")
+    check_same_preprocessing(getattr(a, "path", None), getattr(b, "path", None), name_a, name_b)
     if isinstance(a, Model) and isinstance(b, Model):
         check_same_tensors(a.params, b.params, name_a, name_b)
+
+
+#: files that say how a checkpoint reads its input; two models merged or compared must agree on them
+PREPROCESSING = ("tokenizer.json", "preprocessor_config.json")
+
+
+def check_same_preprocessing(a, b, name_a: str = "A", name_b: str = "B") -> None:
+    """Both checkpoint folders read data the same way: equal tokenizer / image-processor files where both
+    have one. Two models with equal vocabulary sizes but different tokenizers have rows of the embedding
+    that stand for different tokens: aligning, averaging or comparing them is meaningless."""
+    if a is None or b is None:
+        return
+    for name in PREPROCESSING:
+        fa, fb = Path(a) / name, Path(b) / name
+        if fa.is_file() and fb.is_file() and fa.read_bytes() != fb.read_bytes():
+            raise SymmergeError(f"{name_a} and {name_b} have different {name}; they must share their tokenizer / image "
+                                "processor (models trained by symmerge on one corpus with one --tokenizer do)")
 
 
 def check_same_tensors(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> None:

@@ -114,5 +114,19 @@ def load_tokenizer(model_dir: str | Path):
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    """Token ids of `text`, no special tokens added, no truncation (the fast backend directly)."""
-    return tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    """Token ids of `text`, no special tokens added, no truncation (the fast backend directly).
+
+    Text the vocabulary cannot represent is refused rather than scored as `<unk>`: a character
+    tokenizer maps every unseen character to that one id, which would make the loss of other data
+    look better than it is. (A literal unknown-token string in the text is not counted: GPT-2's
+    unknown token is its `<|endoftext|>`.)"""
+    ids = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    unk = tokenizer.unk_token_id
+    if unk is not None and ids.count(unk) > text.count(tokenizer.unk_token):
+        vocab = tokenizer.get_vocab()
+        unseen = sorted({c for c in text if c not in vocab})
+        raise SymmergeError(
+            f"{ids.count(unk)} tokens of the text are outside the model's vocabulary (characters such as "
+            f"{', '.join(repr(c) for c in unseen[:5]) or 'unknown'}); evaluate on text the tokenizer was built "
+            "for, or train the models on a corpus that contains these characters")
+    return ids

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .checks import at_least, check_report_file
+
 
 def add_data_args(p, split_default: str = "test") -> None:
     p.add_argument("--data", required=True, help="a .txt file, a folder of IDX files, mnist.pkl.gz, or 'digits'")
     p.add_argument("--split", default=split_default, choices=["train", "validation", "test", "all"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-batches", type=int, default=None, help="evaluate on at most this many batches")
+    p.add_argument("--batch-size", type=at_least(1), default=8)
+    p.add_argument("--max-batches", type=at_least(1), default=None, help="evaluate on at most this many batches")
     p.add_argument("--seq-len", type=int, default=None, help="window length for text (default: the model's context)")
 
 
@@ -18,35 +20,23 @@ def register(sub) -> None:
     p.add_argument("a", help="checkpoint folder A (λ = 0); its tokenizer / image processor prepares the data")
     p.add_argument("b", help="checkpoint folder B (λ = 1)")
     add_data_args(p)
-    p.add_argument("--points", type=int, default=11, help="evenly spaced λ values, endpoints included")
+    p.add_argument("--points", type=at_least(2), default=11, help="evenly spaced λ values, endpoints included")
     p.add_argument("--refine", action="store_true", help="add 4 points around the peak")
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG plot of the curves")
     p.set_defaults(run=run)
 
 
-def check_same_preprocessing(a: Path, b: Path) -> None:
-    """Both endpoints must read the data the same way: same tokenizer or image-processor files."""
-    from .. import SymmergeError
-
-    for name in ("tokenizer.json", "preprocessor_config.json"):
-        fa, fb = Path(a) / name, Path(b) / name
-        if fa.is_file() and fb.is_file() and fa.read_bytes() != fb.read_bytes():
-            raise SymmergeError(f"A and B have different {name}; they must share their tokenizer / image processor")
-
-
 def run(args) -> int:
-    from .. import SymmergeError
     from ..barrier import barrier, plot
     from ..data import load_batches
     from ..merge import check_compatible
     from ..model import load_model
 
-    if args.points < 2:
-        raise SymmergeError(f"--points {args.points}: need at least 2 (the endpoints)")
+    check_report_file(args.json, "--json")
+    check_report_file(args.plot, "--plot")
     a, b = load_model(args.a), load_model(args.b)
     check_compatible(a, b)
-    check_same_preprocessing(args.a, args.b)
     batches = load_batches(args.a, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
     result = barrier(a, b, batches, args.points, args.refine)
     result.update({"a": str(args.a), "b": str(args.b), "data": str(args.data), "split": args.split})

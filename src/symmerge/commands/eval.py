@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 
+from .checks import at_least, check_report_file
+
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint: mean loss per token/image and accuracy, with standard errors")
     p.add_argument("model", help="Hugging Face checkpoint folder (with its tokenizer or preprocessor_config.json)")
     p.add_argument("--data", required=True, help="a .txt file, a folder of IDX files, mnist.pkl.gz, 'digits' or hf:NAME")
     p.add_argument("--split", default="test", choices=("train", "validation", "test", "all"), help="which part of the data")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences or images per batch")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help="sequences or images per batch")
     p.add_argument("--seq-len", type=int, default=None, help="window length in tokens (default: the model's context)")
-    p.add_argument("--max-batches", type=int, default=None, help="evaluate only the first N batches")
+    p.add_argument("--max-batches", type=at_least(1), default=None, help="evaluate only the first N batches")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON to FILE")
     p.set_defaults(run=run)
 
@@ -31,6 +33,7 @@ def run(args) -> int:
     from ..io import Checkpoint, load_config
     from ..model import hf_class
 
+    check_report_file(args.json, "--json")
     ckpt = Checkpoint(args.model)  # refuses pickles and folders without safetensors
     batches = load_batches(args.model, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
     config = load_config(Path(args.model))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from .checks import finite_float
+
 
 def register(sub) -> None:
     p = sub.add_parser("interpolate", help="write (1-λ)·A + λ·B (in canonical form) as a stock HF checkpoint")
     p.add_argument("a", help="checkpoint folder A (λ = 0)")
     p.add_argument("b", help="checkpoint folder B (λ = 1)")
-    p.add_argument("--lam", type=float, required=True, help="interpolation weight λ in [0, 1]")
+    p.add_argument("--lam", type=finite_float, required=True, help="interpolation weight λ in [0, 1]")
     p.add_argument("--extrapolate", action="store_true", help="allow λ outside [0, 1]")
     p.add_argument("-o", "--out", required=True, help="output folder")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
@@ -21,7 +23,7 @@ def run(args) -> int:
     from ..model import load_model, save_model
 
     check_lambda(args.lam, args.extrapolate)
-    prepare_output(args.out, args.force)
+    prepare_output(args.out, args.force, [args.a, args.b])
     a, b = load_model(args.a), load_model(args.b)
     check_compatible(a, b)
     params = interpolate(a.params, b.params, args.lam)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import FAMILIES
+from .checks import at_least
 
 
 def register(sub) -> None:
@@ -13,7 +14,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random group element")
     p.add_argument("--groups", default=None, help=f"comma-separated families (default all): {','.join(FAMILIES)}")
-    p.add_argument("--spread", type=float, default=2.0, help="scales and singular values drawn in [1/s, s]")
+    p.add_argument("--spread", type=at_least(1.0, float), default=2.0,
+                   help="scales and singular values drawn in [1/s, s] (s >= 1)")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.set_defaults(run=run)
 
@@ -28,7 +30,7 @@ def run(args) -> int:
     from ..spec import random_element
     from ..stream import LazyModel, write_streaming
 
-    prepare_output(args.out, args.force)  # fail before any work
+    prepare_output(args.out, args.force, [args.model])  # fail before any work
     model = LazyModel(args.model)  # block by block: memory does not grow with depth
     families = parse_groups(args.groups)
     g = random_element(model.spec, torch.Generator().manual_seed(args.seed), families, args.spread)

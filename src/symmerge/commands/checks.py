@@ -1,0 +1,60 @@
+"""Argument checks shared by the commands: argparse types for numbers, and report files checked before work.
+
+An argparse `type=` refuses a bad value while the command line is parsed: one line naming the flag,
+exit 2, nothing read or written. `check_report_file` does the same for `--json`/`--plot` paths,
+which would otherwise fail only after the whole computation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from .. import SymmergeError
+
+
+def finite_float(text: str) -> float:
+    """A float that is neither NaN nor infinite."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return x
+
+
+def positive_float(text: str) -> float:
+    """A finite float above 0 (learning rates, tolerances)."""
+    x = finite_float(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return x
+
+
+def at_least(low: float, kind=int):
+    """An argparse type for a finite number (`kind`: int or float) of at least `low`."""
+
+    def parse(text: str):
+        try:
+            x = kind(finite_float(text)) if kind is float else int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if x < low:
+            raise argparse.ArgumentTypeError(f"{text} must be at least {low:g}")
+        return x
+
+    parse.__name__ = f"{kind.__name__} >= {low:g}"  # how argparse names the type in its message
+    return parse
+
+
+def check_report_file(path: str | None, flag: str) -> None:
+    """Refuse, before any work, a report path that names a folder or lies in a missing folder."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise SymmergeError(f"{flag} {path} is a folder; give a file name, e.g. {p / 'report.json'}")
+    if not p.absolute().parent.is_dir():
+        raise SymmergeError(f"{flag} {path}: the folder {p.absolute().parent} does not exist; create it first")
