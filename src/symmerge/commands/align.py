@@ -6,12 +6,11 @@ dual: OUT/A and OUT/B, each its input re-parameterised, so that the straight lin
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import SymmergeError
 from ..match import registry
 from ..report import write as write_report
 from ..spec import FAMILIES
+from .checks import check_report_file
 from .transform import parse_groups
 
 
@@ -139,13 +138,12 @@ def run(args) -> int:
     matcher = registry.get(args.method)
     opts = registry.options_for(matcher.name, vars(args))
     if not args.resume:
-        prepare_output(args.out, args.force)  # fail before any work
+        prepare_output(args.out, args.force, [args.a, args.b])  # fail before any work
     if matcher.needs_data and not args.data:
         raise SymmergeError(f"--method {args.method} needs --data PATH (a data set to run both models on)")
     if args.max_iters < 1:
         raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise SymmergeError(f"cannot write the report to {args.json}: its folder does not exist")
+    check_report_file(args.json, "--json")
     families = default_families(args)
     registry.check(matcher.name, families, opts)
     if matcher.validates:

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from .. import SymmergeError
+from ..commands.checks import positive_float
 from ..model import Model
 from .learn_config import DEFAULT_LR, LAM_SAMPLING, LearnConfig, parse_lam_range
 from .weight import weight_match
@@ -90,7 +91,7 @@ OPTIONS = {o.name: o for o in (
            "cayley for orthogonal, polar for invertible groups)"),
     Option("steps", _learn_default("steps"), "optimiser steps", int),
     Option("lr", DEFAULT_LR, "Adam learning rate, cosine decay (dual's two sides move the relative element twice "
-           "as fast)", float),
+           "as fast)", positive_float),
     Option("lam_range", _learn_default("lam_range"), "λ drawn uniformly from LOW,HIGH per batch", parse_lam_range),
     Option("lam_sampling", _learn_default("lam_sampling"), "uniform λ draws, or peak: half the draws near the "
            "validation grid points where the path stands highest above the straight line (for the bump uniform "
