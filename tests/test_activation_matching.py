@@ -7,8 +7,6 @@ Most tests use synthetic batches of random token ids (random images for ViT), in
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 import torch
@@ -55,16 +53,18 @@ def test_planted_recovery_from_activations(arch, tmp_path):
 
 @pytest.fixture
 def fake_data(monkeypatch):
-    """`symmerge.data.load_batches` returning synthetic token batches (the real module is not on this branch)."""
+    """`symmerge.data.load_batches` returning synthetic token batches. The real module's attribute is
+    patched (a stand-in module in sys.modules would stay bound in every module first imported during
+    the test, e.g. `symmerge.demo` through the CLI's parser, and leak into later tests)."""
+    import symmerge.data
+
     calls = []
 
     def load_batches(model_dir, data, split, batch_size, seq_len, max_batches):
         calls.append((str(model_dir), data, split, batch_size, seq_len, max_batches))
         return batches("llama" if "vit" not in str(data) else "vit", n=max_batches)
 
-    mod = types.ModuleType("symmerge.data")
-    mod.load_batches = load_batches
-    monkeypatch.setitem(sys.modules, "symmerge.data", mod)
+    monkeypatch.setattr(symmerge.data, "load_batches", load_batches)
     return calls
 
 

@@ -25,8 +25,8 @@ from .model import Model, load_model
 from .report import write as write_report
 from .train import TrainArgs, train
 
-METHODS = ("plain", *registry.MATCHERS)
-LABELS = {"plain": "plain averaging", **{m.name: m.label for m in registry.MATCHERS.values()}}
+METHODS = registry.COMPARED
+LABELS = {registry.PLAIN: "plain averaging", **{m.name: m.label for m in registry.MATCHERS.values()}}
 #: the figure each matcher adds to its row: (row key, key of the matcher's figures)
 SUMMARY = {"weight": ("similarity", "objective"), "learned": ("validation_barrier", "barrier_after"),
            "dual": ("validation_barrier", "barrier_after")}
@@ -76,7 +76,7 @@ def _train_pair(args: DemoArgs, out: Path) -> tuple[Path, Path]:
 
 def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: DemoArgs) -> tuple[dict, dict, dict]:
     """(params of A's side, params of B's side, what the method reports) for one method."""
-    if method == "plain":
+    if method == registry.PLAIN:
         return a.params, b.params, {}
     opts = {"max_iters": args.match_iters, "steps": args.learn_steps, "eval_every": max(1, args.learn_steps // 5),
             "lr": args.learn_lr}

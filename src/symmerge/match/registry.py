@@ -181,6 +181,12 @@ MATCHERS = {m.name: m for m in (
 )}
 
 
+#: what every comparison (demo, barrier tables) measures the matchers against: averaging without alignment
+PLAIN = "plain"
+#: the rows of a comparison, plain averaging first
+COMPARED = (PLAIN, *MATCHERS)
+
+
 def get(name: str) -> Matcher:
     if name not in MATCHERS:
         raise SymmergeError(f"unknown method {name!r}; choose from {', '.join(MATCHERS)}")
