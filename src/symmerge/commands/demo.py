@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from ..match.registry import COMPARED as METHODS  # not symmerge.demo: parsing stays light
+    from ..match.registry import COMPARED as METHODS  # not symmerge.demo (training, plotting) just to parse
 
     p = sub.add_parser("demo", help="train two models from two seeds and compare the barriers of every method")
     p.add_argument("-o", "--out", default="symmerge-demo", help="folder for the pair, the report and the plot")
