@@ -12,6 +12,9 @@ A matcher is registered with
   the matcher and its start (`options_for`), `runtime` what does not change the result (`progress`)
   or belongs to one call (`checkpoint`, `resume` of learned matching).
 
+A matcher may also have a many-model form (`many`), run by `align_many` for `symmerge merge`: every model
+brought into shared coordinates, its options the matcher's and `MANY_OPTIONS`.
+
 Adding a matcher: its module under `match/`, a run function and one `Matcher(...)` entry below;
 `align --method NAME` and the demo then offer it, with its options and their defaults.
 """
@@ -119,6 +122,7 @@ class Matcher:
     starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     check: Callable | None = None  # check(families, opts): refuse bad options before any work
+    many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
 
 
 def _parts(model):
@@ -168,9 +172,37 @@ def _run_learned(method: str, a, b, families, data, opts, start, progress: bool 
 
 _LEARN_OPTIONS = ("param", "steps", "lr", "lam_range", "lam_sampling", "seed", "eval_every", "patience",
                   "val_batches", "val_points")
+@dataclass
+class ManyAlignment:
+    """What a many-model matcher returns: `elements[i]` acts on model i; `figures` its JSON-able report
+    (weight matching: the objective per round, the rounds, the visiting orders, timings)."""
+
+    method: str
+    elements: list[dict[str, torch.Tensor]]
+    figures: dict
+
+
+MANY_OPTIONS = {o.name: o for o in (
+    Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", int),
+    Option("order_seed", 0, "seed of the order the models are visited in, each round", int),
+)}
+
+
+def _run_weight_many(sources, weights, families, data, opts, progress: bool = False) -> ManyAlignment:
+    from .many import weight_match_many
+
+    res = weight_match_many(sources[0].spec, sources, weights, families, opts["max_rounds"], opts["max_iters"],
+                            opts["order_seed"], dtype=getattr(torch, opts["precision"]), progress=progress)
+    figures = {"objective_name": "similarity to the mean = 1 - sum_i w_i ||g_i.M_i - mean||^2 / sum_i w_i ||M_i||^2 "
+               "over canonical tensors", "objective": res.history, "rounds": len(res.history) - 1,
+               "orders": res.orders, "updates_not_kept": res.rejected, "seconds": res.seconds,
+               "pairwise_seconds": res.pairwise_seconds}
+    return ManyAlignment("weight", res.elements, figures)
+
+
 MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
-            ("max_iters", "precision"), streams=True),
+            ("max_iters", "precision"), streams=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "match activations on --data", True, _run_activation),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
             "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
@@ -232,3 +264,25 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
     if m.starts_from and start is None:
         start = align(m.starts_from, a, b, families, data, opts, progress=runtime.get("progress", False))
     return m.run(a, b, families, data, opts, start, **runtime)
+
+
+def many_options_for(name: str, given: dict | None = None) -> dict:
+    """`options_for(name)` and the many-model options, from `given` where it is not None."""
+    given = given or {}
+    out = options_for(name, given)
+    for o in MANY_OPTIONS.values():
+        out[o.name] = given[o.name] if given.get(o.name) is not None else o.default
+    return out
+
+
+def many_methods() -> list[str]:
+    return [name for name, m in MATCHERS.items() if m.many is not None]
+
+
+def align_many(name: str, sources: list, weights: list[float], families: list[str] | None,
+               data: Data | None = None, opts: dict | None = None, **runtime) -> ManyAlignment:
+    """Run the many-model form of matcher `name`: every model of `sources` into shared coordinates."""
+    m = get(name)
+    if m.many is None:
+        raise SymmergeError(f"{m.label} has no many-model form yet; merge --method takes {', '.join(many_methods())}")
+    return m.many(sources, weights, families, data, many_options_for(name, opts), **runtime)

@@ -1,0 +1,142 @@
+"""Merging many models: every model brought into shared coordinates by a registered matcher's many-model
+form (`match.registry.align_many`), then their weighted average exported as a stock checkpoint.
+
+`merge_models(paths, out)` checks everything before any work (at least two models of one architecture,
+sizes, vocabulary and tokenizer / image processor; weights non-negative, one per model, summing to 1;
+OUT and the aligned folder apart from the inputs and each other), then streams: the models are read
+one part at a time (`model.LazyModel`), OUT is written part by part as the weighted mean of
+`g_i·M_i` (`stream.write_streaming`), and with `aligned` each `g_i·M_i` (its input's function exactly,
+up to storage rounding) goes to `aligned/<i>` (1-based, in the order given), all atomically.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from . import SymmergeError
+from .apply import apply
+from .match import registry
+from .match.many import MeanParts
+
+#: how far from 1 the weights' sum may be (they are written in decimal on the command line)
+WEIGHT_SUM_TOL = 1e-6
+
+
+def check_weights(weights: list[float] | None, n: int) -> list[float]:
+    """One non-negative weight per model, summing to 1 (default: uniform); returned as floats."""
+    if n < 2:
+        raise SymmergeError(f"merging needs at least two models, got {n}")
+    if weights is None:
+        return [1.0 / n] * n
+    w = [float(x) for x in weights]
+    if len(w) != n:
+        raise SymmergeError(f"{len(w)} weights for {n} models; give one weight per model")
+    if not all(math.isfinite(x) for x in w) or any(x < 0 for x in w):
+        raise SymmergeError(f"weights {w} must be finite and non-negative")
+    if abs(math.fsum(w) - 1.0) > WEIGHT_SUM_TOL:
+        raise SymmergeError(f"weights {w} sum to {math.fsum(w):g}, not 1")
+    return w
+
+
+def parse_weights(text: str | None) -> list[float] | None:
+    """`w1,w2,...` from the command line (None: uniform)."""
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise SymmergeError(f"--weights {text!r}: give comma-separated numbers, e.g. 0.5,0.25,0.25") from None
+
+
+def check_models(models: list, names: list[str]) -> None:
+    """Every model shares the first one's group (architecture, sizes, vocabulary) and preprocessing."""
+    from .commands.barrier import check_same_preprocessing
+    from .merge import check_compatible
+
+    for m, name in zip(models[1:], names[1:]):
+        check_compatible(models[0], m, names[0], name)
+        if m.path is not None and models[0].path is not None:
+            check_same_preprocessing(models[0].path, m.path)
+
+
+def check_outputs(inputs: list, outputs: list, force: bool) -> None:
+    """Each output folder: not an input, not inside or around one, not another output, and empty unless `force`."""
+    from .io import prepare_output
+
+    ins = [Path(p).resolve() for p in inputs]
+    outs = [Path(p).resolve() for p in outputs if p is not None]
+    for i, o in enumerate(outs):
+        for p in ins + outs[:i]:
+            if o == p or p in o.parents or o in p.parents:
+                raise SymmergeError(f"output folder {o} is (or contains, or lies inside) {p}; choose another folder")
+        prepare_output(o, force)
+
+
+class MeanView:
+    """A `LazyModel`-like view of the weighted mean of `g_i·M_i` (what `stream.write_streaming` reads)."""
+
+    def __init__(self, models: list, elements: list[dict], weights: list[float]):
+        first = models[0]
+        self.path, self.config, self.adapter, self.shape = first.path, first.config, first.adapter, first.shape
+        self.spec, self.dtype = first.spec, first.dtype
+        self.mean = MeanParts(first.spec, models, elements, weights, list(range(len(models))))
+
+    def part(self, key):
+        return self.mean.part(key)
+
+    def ends(self):
+        return {**self.part("embed"), **self.part("final")}
+
+
+def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
+                 families: list[str] | None = None, aligned=None, force: bool = False, opts: dict | None = None,
+                 progress: bool = False) -> dict:
+    """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report.
+
+    `families`: None for the spec's default families; `opts`: the matcher's options (`registry.
+    many_options_for`), e.g. {"max_rounds": 10, "order_seed": 0}."""
+    from .match.summary import summarize
+    from .model import LazyModel
+    from .stream import write_streaming
+
+    w = check_weights(weights, len(paths))
+    matcher = registry.get(method)
+    if matcher.many is None:
+        raise SymmergeError(f"merge --method {method}: not built for many models yet; "
+                            f"choose from {', '.join(registry.many_methods())}")
+    opts = registry.many_options_for(method, opts)
+    names = [str(p) for p in paths]
+    models = [LazyModel(p, getattr(torch, opts["precision"])) for p in paths]
+    check_models(models, names)
+    families = models[0].spec.default_families() if families is None else families
+    models[0].spec.select(families)  # unknown or absent families fail here, before any work
+    registry.check(method, families, opts)
+    check_outputs(paths, [out, aligned], force)
+    result = registry.align_many(method, models, w, families, opts=opts, progress=progress)
+    selected = models[0].spec.select(families)
+    rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
+           "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],
+           "groups_selected": families, **result.figures,
+           "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
+    meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}
+    write_streaming(MeanView(models, result.elements, w), lambda part: part, out, force=force, extra=meta,
+                    progress=progress)
+    if aligned is not None:
+        _write_aligned(models, result.elements, aligned, force, meta, progress)
+    return rep
+
+
+def _write_aligned(models, elements, folder, force: bool, meta: dict, progress: bool) -> None:
+    """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), atomically."""
+    from .io import AtomicFolder, prepare_output
+    from .stream import write_streaming
+
+    folder = prepare_output(folder, force)
+    with AtomicFolder(folder) as tmp:
+        for i, (m, g) in enumerate(zip(models, elements), start=1):
+            extra = {**m.meta, "merge_aligned": {**meta["merge"], "index": i, "input": str(m.path)}}
+            write_streaming(m, lambda part, m=m, g=g: apply(m.spec, g, part), tmp / str(i), extra=extra,
+                            progress=progress)
