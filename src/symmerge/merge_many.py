@@ -53,13 +53,10 @@ def parse_weights(text: str | None) -> list[float] | None:
 
 def check_models(models: list, names: list[str]) -> None:
     """Every model shares the first one's group (architecture, sizes, vocabulary) and preprocessing."""
-    from .commands.barrier import check_same_preprocessing
     from .merge import check_compatible
 
     for m, name in zip(models[1:], names[1:]):
-        check_compatible(models[0], m, names[0], name)
-        if m.path is not None and models[0].path is not None:
-            check_same_preprocessing(models[0].path, m.path)
+        check_compatible(models[0], m, names[0], name)  # preprocessing files too
 
 
 def check_outputs(inputs: list, outputs: list, force: bool) -> None:
@@ -92,12 +89,12 @@ class MeanView:
 
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
-                 families: list[str] | None = None, aligned=None, force: bool = False, opts: dict | None = None,
+                 families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
                  progress: bool = False) -> dict:
     """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report.
 
-    `families`: None for the spec's default families; `opts`: the matcher's options (`registry.
-    many_options_for`), e.g. {"max_rounds": 10, "order_seed": 0}."""
+    `families`: "default" for the spec's default families (`Spec.default_families`), None for every
+    group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}."""
     from .match.summary import summarize
     from .model import LazyModel
     from .stream import write_streaming
@@ -111,7 +108,7 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     names = [str(p) for p in paths]
     models = [LazyModel(p, getattr(torch, opts["precision"])) for p in paths]
     check_models(models, names)
-    families = models[0].spec.default_families() if families is None else families
+    families = models[0].spec.default_families() if families == "default" else families
     models[0].spec.select(families)  # unknown or absent families fail here, before any work
     registry.check(method, families, opts)
     check_outputs(paths, [out, aligned], force)
@@ -119,7 +116,7 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     selected = models[0].spec.select(families)
     rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
            "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],
-           "groups_selected": families, **result.figures,
+           "groups_selected": families or models[0].spec.families(), **result.figures,
            "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
     meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}
     write_streaming(MeanView(models, result.elements, w), lambda part: part, out, force=force, extra=meta,

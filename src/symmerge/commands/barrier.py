@@ -1,4 +1,8 @@
-"""`symmerge barrier A B --data PATH`: loss and accuracy along the straight line, and the barrier."""
+"""`symmerge barrier A B --data PATH`: loss and accuracy along the straight line, and the barrier.
+
+With more than two models (`symmerge barrier M1 ... Mn`), the barrier of many models
+(`barrier_many.many_barrier`): the weighted average's excess, the largest pairwise barrier and the
+largest excess at Dirichlet points of the simplex; `--plot` draws the loss over the triangle for n = 3."""
 
 from __future__ import annotations
 
@@ -16,14 +20,20 @@ def add_data_args(p, split_default: str = "test") -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("barrier", help="measure the loss and accuracy barrier between two models")
-    p.add_argument("a", help="checkpoint folder A (λ = 0); its tokenizer / image processor prepares the data")
-    p.add_argument("b", help="checkpoint folder B (λ = 1)")
+    p = sub.add_parser("barrier", help="measure the loss and accuracy barrier between two (or more) models")
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="checkpoint folders: A (λ = 0; its tokenizer / image processor prepares the data) and B "
+                   "(λ = 1), or three or more models for the barrier of many models")
     add_data_args(p)
-    p.add_argument("--points", type=at_least(2), default=11, help="evenly spaced λ values, endpoints included")
-    p.add_argument("--refine", action="store_true", help="add 4 points around the peak")
+    p.add_argument("--points", type=at_least(2), default=11, help="evenly spaced λ values, endpoints included (per pair)")
+    p.add_argument("--refine", action="store_true", help="add 4 points around the peak (two models)")
+    p.add_argument("--weights", default=None, help="n > 2: w1,...,wn of the average (default uniform)")
+    p.add_argument("--simplex-points", type=at_least(1), default=None, help="n > 2: Dirichlet points of the simplex "
+                   "(default 16)")
+    p.add_argument("--seed", type=int, default=None, help="n > 2: seed of the Dirichlet points (default 0)")
+>>>>>>> f0d169a (Issue 14: symmerge barrier M1..Mn for n > 2 (average_excess, pairwise_max, simplex_barrier over Dirichlet points, accuracy analogues, triangle plot); tests against the stock forward with plain averaging as the negative control; README section whose Python example a test runs)
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
-    p.add_argument("--plot", default=None, help="write a PNG plot of the curves")
+    p.add_argument("--plot", default=None, help="write a PNG plot of the curves (n = 3: the loss over the triangle)")
     p.set_defaults(run=run)
 
 
@@ -33,6 +43,17 @@ def run(args) -> int:
     from ..merge import check_compatible
     from ..model import load_model
 
+    from .. import SymmergeError
+
+    if len(args.models) < 2:
+        raise SymmergeError(f"a barrier needs at least two models, got {len(args.models)}")
+    if len(args.models) > 2:
+        from .barrier_many import run_many
+
+        return run_many(args)
+    if args.weights is not None or args.simplex_points is not None or args.seed is not None:
+        raise SymmergeError("--weights, --simplex-points and --seed are for three or more models")
+    args.a, args.b = args.models
     check_report_file(args.json, "--json")
     check_report_file(args.plot, "--plot")
     a, b = load_model(args.a), load_model(args.b)

@@ -47,7 +47,7 @@ def run(args) -> int:
         raise SymmergeError(f"--max-rounds must be at least 1, got {args.max_rounds}")
     if args.json and (Path(args.json).is_dir() or not Path(args.json).absolute().parent.is_dir()):
         raise SymmergeError(f"cannot write the report to {args.json}: a folder, or its folder does not exist")
-    families = None
+    families = "default"
     if args.groups is not None:
         from .transform import parse_groups
 

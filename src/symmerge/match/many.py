@@ -60,8 +60,16 @@ class MeanParts:
         return out
 
 
+def as_parts(sources: list, dtype: torch.dtype = G.DTYPE) -> list:
+    """Canonical dicts served part by part (`model.InMemoryParts`); `LazyModel`s as they are."""
+    from ..model import InMemoryParts
+
+    return [InMemoryParts(s, dtype) if isinstance(s, dict) else s for s in sources]
+
+
 def objective(spec: Spec, sources: list, elements: list[dict], weights: list[float]) -> float:
     """1 - sum_i w_i ||g_i·P_i - M||^2 / sum_i w_i ||P_i||^2, streamed one part of every model at a time."""
+    sources = as_parts(sources)
     spread, norm2 = [], []
     for key in part_keys(spec.shape):
         parts = [src.part(key) for src in sources]
@@ -100,11 +108,9 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
     shared coordinates, by the schedule in the module docstring; `weights` sum to 1."""
     from tqdm.auto import tqdm
 
-    from ..model import InMemoryParts
-
     start = time.perf_counter()
     n = len(sources)
-    srcs = [InMemoryParts(s, dtype) if isinstance(s, dict) else s for s in sources]
+    srcs = as_parts(sources, dtype)
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     elements = [dict(identity) for _ in range(n)]
     history = [objective(spec, srcs, elements, weights)]
