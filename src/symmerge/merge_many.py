@@ -60,15 +60,21 @@ def check_models(models: list, names: list[str]) -> None:
 
 
 def check_outputs(inputs: list, outputs: list, force: bool) -> None:
-    """Each output folder: not an input, not inside or around one, not another output, and empty unless `force`."""
+    """Each output folder: not an input, not inside or around one, not another output (or inside or
+    around it), and empty unless `force`."""
     from .io import prepare_output
 
     ins = [Path(p).resolve() for p in inputs]
     outs = [Path(p).resolve() for p in outputs if p is not None]
     for i, o in enumerate(outs):
-        for p in ins + outs[:i]:
-            if o == p or p in o.parents or o in p.parents:
-                raise SymmergeError(f"output folder {o} is (or contains, or lies inside) {p}; choose another folder")
+        for kind, others in (("the input", ins), ("the other output", outs[:i])):
+            for p in others:
+                if o == p:
+                    raise SymmergeError(f"output folder {o} is {kind} {p}; choose another folder")
+                if p in o.parents:
+                    raise SymmergeError(f"output folder {o} lies inside {kind} {p}; choose another folder")
+                if o in p.parents:
+                    raise SymmergeError(f"output folder {o} holds {kind} {p}; choose another folder")
         prepare_output(o, force)
 
 
