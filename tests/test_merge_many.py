@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers as T
 
+from checks import assert_same_function
 from factories import make_model, save_model
 from symmerge.apply import apply
 from symmerge.barrier_many import dirichlet, many_barrier
@@ -57,13 +58,6 @@ def _logits(path, batches) -> torch.Tensor:
         return torch.cat([m(pixel_values=b["pixel_values"]).logits.double() for b in batches])
 
 
-def _same_function(x: torch.Tensor, ref: torch.Tensor, dtype=torch.float32, factor: float = 1000.0) -> float:
-    """Largest logit gap over the scale, with a tolerance from the storage dtype; returns the gap."""
-    gap = float((x - ref).abs().max()) / float(ref.abs().max())
-    assert gap <= factor * torch.finfo(dtype).eps, gap
-    return gap
-
-
 def _monotone(h) -> bool:
     return all(b >= a for a, b in zip(h, h[1:]))
 
@@ -74,9 +68,9 @@ def test_merge_planted_gives_a_function_and_aligned_endpoints_keep_theirs(plante
     assert main(["merge", *map(str, paths), "-o", str(out), "--aligned", str(al), "--json", str(rep),
                  "--max-rounds", "3"]) == 0
     ref = [_logits(p, batches) for p in paths]
-    _same_function(_logits(out, batches), ref[0])
+    assert_same_function(_logits(out, batches), ref[0], dtype=torch.float32, what="merged vs A")
     for i in range(3):
-        _same_function(_logits(al / str(i + 1), batches), ref[i])
+        assert_same_function(_logits(al / str(i + 1), batches), ref[i], dtype=torch.float32, what=f"aligned {i + 1}")
     # negative control: plain averaging of the same three does not compute A's function
     avg = tmp_path / "plain"
     plain = [load_model(p) for p in paths]
