@@ -60,6 +60,8 @@ def ctx(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     c = {"root": root, "a": _lm(root / "a", 0), "b": _lm(root / "b", 1), "vit": _vit(root / "vit")}
     c["other_tok"] = _lm(root / "other_tok", 2, text=TEXT.replace("~", "é"))  # same size, other characters
+    c["c"] = _lm(root / "c", 3)  # a third model of A's kind (merge, barrier of n models)
+    c["small_vocab"] = _lm(root / "small_vocab", 4, text=TEXT.replace("~", ""))  # one character fewer
     c["text"] = root / "text.txt"
     c["text"].write_text(TEXT * 3)
     c["unseen"] = root / "unseen.txt"
@@ -98,6 +100,10 @@ def ctx(tmp_path_factory):
 
 def _p(c, key):
     return str(c[key])
+
+
+def _barrier3(c, *extra):
+    return ["barrier", _p(c, "a"), _p(c, "b"), _p(c, "c"), "--data", _p(c, "text"), *extra]
 
 
 # (id, argv builder, expected words in the one-line message); OUT is always c["root"]/"out"
@@ -147,6 +153,43 @@ CASES = [
     ("align-learned-without-data", lambda c, o: ["align", _p(c, "a"), _p(c, "b"), "-o", o, "--method", "learned"], "--data"),
     ("eval-truncated-idx", lambda c, o: ["eval", _p(c, "vit"), "--data", _p(c, "idx_trunc")], "truncated"),
     ("eval-header-cut-idx", lambda c, o: ["eval", _p(c, "vit"), "--data", _p(c, "idx_header")], "truncated"),
+    # merge and barrier of n models (issue 14)
+    ("merge-one-model", lambda c, o: ["merge", _p(c, "a"), "-o", o], "at least two models"),
+    ("merge-weights-count", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), _p(c, "c"), "-o", o, "--weights", "0.5,0.5"],
+     "2 weights for 3 models"),
+    ("merge-weights-negative", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--weights=1.5,-0.5"], "non-negative"),
+    ("merge-weights-sum", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--weights", "0.5,0.4"], "not 1"),
+    ("merge-weights-nan", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--weights", "nan,0.5"], "finite"),
+    ("merge-weights-text", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--weights", "half,half"],
+     "comma-separated"),
+    ("merge-other-architecture", lambda c, o: ["merge", _p(c, "a"), _p(c, "vit"), "-o", o], "same architecture"),
+    ("merge-other-vocabulary", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), _p(c, "small_vocab"), "-o", o],
+     "vocabularies"),
+    ("merge-other-tokenizer", lambda c, o: ["merge", _p(c, "a"), _p(c, "other_tok"), "-o", o], "different tokenizer.json"),
+    ("merge-out-is-an-input", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", _p(c, "b"), "--force"], "is the input"),
+    ("merge-out-inside-an-input", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", str(c["a"] / "sub")],
+     "inside the input"),
+    ("merge-aligned-is-out", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--aligned", o], "the other output"),
+    ("merge-aligned-is-an-input", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--aligned", _p(c, "a"),
+                                                "--force"], "is the input"),
+    ("merge-method-not-built", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--method", "activation"],
+     "not built for many models"),
+    ("merge-max-rounds-0", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--max-rounds", "0"], "at least 1"),
+    ("merge-json-is-a-folder", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--json", _p(c, "root")],
+     "a folder"),
+    ("merge-unknown-family", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), "-o", o, "--groups", "nonsense"], "nonsense"),
+    ("barrier-one-model", lambda c, o: ["barrier", _p(c, "a"), "--data", _p(c, "text")], "at least two models"),
+    ("barrier3-weights-sum", lambda c, o: _barrier3(c, "--weights", "0.2,0.2,0.2"), "not 1"),
+    ("barrier3-weights-count", lambda c, o: _barrier3(c, "--weights", "0.5,0.5"), "2 weights for 3 models"),
+    ("barrier3-simplex-points-0", lambda c, o: _barrier3(c, "--simplex-points", "0"), "at least 1"),
+    ("barrier4-plot", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), _p(c, "c"), _p(c, "a"), "--data", _p(c, "text"),
+                                    "--plot", str(c["root"] / "p.png")], "three models"),
+    ("barrier3-other-architecture", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), _p(c, "vit"), "--data",
+                                                  _p(c, "text")], "same architecture"),
+    ("barrier3-other-tokenizer", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), _p(c, "other_tok"), "--data",
+                                               _p(c, "text")], "different tokenizer.json"),
+    ("barrier2-simplex-option", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), "--data", _p(c, "text"), "--weights",
+                                              "0.5,0.5"], "three or more"),
 ]
 
 
@@ -163,7 +206,7 @@ def _leftovers(out: Path) -> list[Path]:
 def test_bad_input_is_refused_with_one_line(case, ctx, capsys):
     _, argv_of, words = case
     out = ctx["root"] / "out"
-    inputs = {k: _digest(ctx[k]) for k in ("a", "b", "other_tok", "lying_index", "vit")}
+    inputs = {k: _digest(ctx[k]) for k in ("a", "b", "c", "other_tok", "small_vocab", "lying_index", "vit")}
     capsys.readouterr()
     try:
         code = main(argv_of(ctx, str(out)))

@@ -31,19 +31,17 @@ def register(sub) -> None:
     p.add_argument("--simplex-points", type=at_least(1), default=None, help="n > 2: Dirichlet points of the simplex "
                    "(default 16)")
     p.add_argument("--seed", type=int, default=None, help="n > 2: seed of the Dirichlet points (default 0)")
->>>>>>> f0d169a (Issue 14: symmerge barrier M1..Mn for n > 2 (average_excess, pairwise_max, simplex_barrier over Dirichlet points, accuracy analogues, triangle plot); tests against the stock forward with plain averaging as the negative control; README section whose Python example a test runs)
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG plot of the curves (n = 3: the loss over the triangle)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from .. import SymmergeError
     from ..barrier import barrier, plot
     from ..data import load_batches
     from ..merge import check_compatible
     from ..model import load_model
-
-    from .. import SymmergeError
 
     if len(args.models) < 2:
         raise SymmergeError(f"a barrier needs at least two models, got {len(args.models)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..match import registry
 from ..spec import FAMILIES
+from .checks import at_least, check_report_file
 
 
 def register(sub) -> None:
@@ -28,25 +29,18 @@ def register(sub) -> None:
 
 
 def _add(p, opt, text: str) -> None:
-    kw = {"type": opt.type} if opt.type else {}
+    counts = ("max_iters", "max_rounds")  # sweeps and rounds: at least 1
+    kw = {"type": at_least(1) if opt.name in counts else opt.type} if opt.type else {}
     if opt.choices:
         kw["choices"] = opt.choices
     p.add_argument(opt.flag, default=opt.default, help=f"{text} (default {opt.default})", **kw)
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from .. import SymmergeError
     from ..merge_many import merge_models, parse_weights
     from ..report import write
 
-    if args.max_iters < 1:
-        raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
-    if args.max_rounds < 1:
-        raise SymmergeError(f"--max-rounds must be at least 1, got {args.max_rounds}")
-    if args.json and (Path(args.json).is_dir() or not Path(args.json).absolute().parent.is_dir()):
-        raise SymmergeError(f"cannot write the report to {args.json}: a folder, or its folder does not exist")
+    check_report_file(args.json, "--json")
     families = "default"
     if args.groups is not None:
         from .transform import parse_groups
