@@ -61,3 +61,14 @@ def test_stock_forward_is_the_stock_model_at_any_eps(model_dirs):
     assert fwd.logit_change(scaled, batches[0]) < 1e-10
     fwd.rescale = False
     assert abs(fwd.scores(scaled, batches)["loss"] - stock["loss"]) > 1e-3
+
+
+def test_interpolate_keeps_a_scalar_equal_on_both_sides():
+    """The canonical eps of two models with one config eps stays that eps (it is written into the config);
+    negative control: the written sum at λ = 0.3 is one rounding off 1e-05."""
+    a = {"norm.eps": torch.tensor(1e-5, dtype=torch.float64), "x": torch.ones(3, dtype=torch.float64)}
+    b = {"norm.eps": torch.tensor(1e-5, dtype=torch.float64), "x": torch.zeros(3, dtype=torch.float64)}
+    assert float(interpolate(a, b, 0.3)["norm.eps"]) == 1e-5
+    assert float(0.7 * a["norm.eps"] + 0.3 * b["norm.eps"]) != 1e-5
+    other = {**b, "norm.eps": torch.tensor(4e-5, dtype=torch.float64)}  # unequal scalars are interpolated
+    assert float(interpolate(a, other, 0.5)["norm.eps"]) == pytest.approx(2.5e-5, rel=1e-15)

@@ -47,8 +47,11 @@ def interpolate(a: Params, b: Params, lam) -> Params:
     """(1 - lam)·a + lam·b, tensor by tensor, computed as that sum at every lam, endpoints included (the
     learning loop's figures depend on it to the last bit; `torch.lerp` rounds differently, and a
     shortcut at 0 and 1 would hand the forward tensors of another memory layout). `lam` a number or a
-    0-dim tensor. At lam = 0 or 1 the values are exactly a's or b's where both are finite."""
-    return {k: (1 - lam) * a[k] + lam * b[k] for k in a}
+    0-dim tensor. At lam = 0 or 1 the values are exactly a's or b's where both are finite.
+
+    A 0-dim value equal on both sides (the canonical `norm.eps`) is kept as it is: the sum would put
+    9.999999999999999e-06 for 1e-05 into the written config."""
+    return {k: a[k] if a[k].dim() == 0 and torch.equal(a[k], b[k]) else (1 - lam) * a[k] + lam * b[k] for k in a}
 
 
 def grid(points: int, interior: bool = False) -> list[float]:
