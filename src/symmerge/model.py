@@ -152,11 +152,17 @@ def load_model(path) -> Model:
     return LazyModel(path).as_model()
 
 
-def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None):
-    """(config, HF state dict) for canonical `params` (default: the model's own), cast once to `dtype`."""
+def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None, gauge=None):
+    """(config, HF state dict) for canonical `params` (default: the model's own), cast once to `dtype`;
+    in the norm gauge of a reference (`gauge.Gauge`) if `gauge` is given, else in canonical form."""
     params = model.params if params is None else params
+    hf_norms = {}
+    if gauge is not None:
+        params, hf_norms = gauge.canonical(params, model.shape)
     config = model.adapter.export_config(model.config, model.shape, params)
-    sd = keep_expected(model.adapter.from_canonical(params, model.shape), config, model.shape.hf_class)
+    sd = model.adapter.from_canonical(params, model.shape)
+    sd.update({k: v for k, v in hf_norms.items() if k in sd})
+    sd = keep_expected(sd, config, model.shape.hf_class)
     dtype = dtype or model.dtype
     return config, {k: v.to(dtype=dtype, copy=True).contiguous() for k, v in sd.items()}
 
@@ -188,10 +194,11 @@ def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str)
 
 
 def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool = False, dtype=None,
-               extra: dict | None = None) -> Path:
-    """Write canonical `params` as a stock HF checkpoint of the model's class, atomically."""
+               extra: dict | None = None, gauge=None, side: dict[str, str] | None = None) -> Path:
+    """Write canonical `params` as a stock HF checkpoint of the model's class, atomically (in the
+    gauge of a reference if `gauge` is given: see `gauge.py`); `side`: more files (name -> text) in OUT."""
     out = prepare_output(out, force)
-    config, sd = export_state_dict(model, params, dtype)
+    config, sd = export_state_dict(model, params, dtype, gauge)
     with AtomicFolder(out) as tmp:
         config.architectures = [model.shape.hf_class]
         config.save_pretrained(tmp)
@@ -202,4 +209,6 @@ def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool =
             meta = dict(model.meta)
             meta.update(extra)
             (tmp / "symmerge.json").write_text(json.dumps(meta, indent=2))
+        for name, text in (side or {}).items():
+            (tmp / name).write_text(text)
     return out

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from .gauge import export_part
 from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
 from .model import LazyModel, keep_expected
 
@@ -23,12 +24,16 @@ Params = dict[str, torch.Tensor]
 
 def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out, force: bool = False,
                     dtype: torch.dtype | None = None, extra: dict | None = None,
-                    max_shard_bytes: int = 2 * 1024**3, progress: bool = True) -> Path:
-    """Export `transform(part)` for each part of `model` (ends, then each block) as a stock checkpoint."""
+                    max_shard_bytes: int = 2 * 1024**3, progress: bool = True, gauge=None,
+                    side: dict[str, str] | None = None) -> Path:
+    """Export `transform(part)` for each part of `model` (ends, then each block) as a stock checkpoint,
+    in the norm gauge of a reference if `gauge` is given (`gauge.py`), else in canonical form; `side`:
+    more files (name -> text) written into OUT."""
     out = prepare_output(out, force)
     dtype = dtype or model.dtype
     ends = transform(model.ends())
-    config = model.adapter.export_config(model.config, model.shape, {**ends, **_bias_probe(model, ends)})
+    probe = _bias_probe(model, ends, None if gauge is None else lambda block: gauge.canonical(transform(block), model.shape)[0])
+    config = model.adapter.export_config(model.config, model.shape, {**ends, **probe})
     cls = model.shape.hf_class
 
     def cast(sd):
@@ -36,29 +41,32 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
 
     with AtomicFolder(out) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes)
-        writer.add(cast(keep_expected(model.adapter.ends_from_canonical(ends, model.shape), config, cls, partial=True)))
+        writer.add(cast(keep_expected(export_part(model.adapter, model.shape, ends, gauge, "ends"), config, cls, partial=True)))
         for i in tqdm(range(model.shape.n_layers), desc="writing", unit="block", disable=not progress):
             block = transform(model.part(i))
-            writer.add(cast(keep_expected(model.adapter.block_from_canonical(block, model.shape, i), config, cls, partial=True)))
+            writer.add(cast(keep_expected(export_part(model.adapter, model.shape, block, gauge, i), config, cls, partial=True)))
         writer.finish()
         config.architectures = [cls]
         config.save_pretrained(tmp)
         copy_side_files(model.path, tmp)
         if extra is not None:
             (tmp / "symmerge.json").write_text(json.dumps(extra, indent=2))
+        for name, text in (side or {}).items():
+            (tmp / name).write_text(text)
     return out
 
 
-def _bias_probe(model: LazyModel, ends: Params) -> Params:
+def _bias_probe(model: LazyModel, ends: Params, exported: Callable[[Params], Params] | None = None) -> Params:
     """What `export_config` reads of the blocks: whether any attention bias is non-zero.
 
-    Group elements map zero biases to zero and non-zero ones to non-zero, so the source decides.
-    Only LayerNorm models can gain biases (by folding the norm's bias), so only they are scanned."""
+    Group elements map zero biases to zero and non-zero ones to non-zero, so the source decides; a
+    gauge can make a zero bias non-zero (b - W beta), so with one the blocks are read as `exported`
+    gives them. Only LayerNorm models can gain biases (by folding the norm's bias), so only they are scanned."""
     probe = {f"blocks.{i}.attn.{n}": torch.zeros(1, dtype=torch.float64)
              for i in range(model.shape.n_layers) for n in ("b_Q", "b_K", "b_V", "b_O")}
     if model.shape.centred:
         for i in range(model.shape.n_layers):
-            block = model.part(i)
+            block = model.part(i) if exported is None else exported(model.part(i))
             hits = [k for k in probe if k.startswith(f"blocks.{i}.") and bool(block[k].ne(0).any())]
             if hits:
                 probe[hits[0]] = torch.ones(1, dtype=torch.float64)

@@ -93,6 +93,12 @@ class Adapter:
         config.tie_word_embeddings = False
         return config
 
+    def norm_names(self, s: ModelShape) -> dict[str, str]:
+        """HF prefix of each norm that has parameters, by slot: "blocks.i.ln1" (read by attention),
+        "blocks.i.ln2" (read by the MLP), "final" (read by the head); empty where norms have none.
+        `gauge.Gauge` reads a reference's norms through these names."""
+        return {}
+
     # --- shared ---
     def rename(self, key: str) -> str:
         for pattern, repl in self.renames:
@@ -111,6 +117,15 @@ class Adapter:
             params.update(self.block_to_canonical(get, s, i))
         params.update(self.final_to_canonical(get, s))
         return params
+
+
+def norm_slots(s: ModelShape, block: str, ln1: str, ln2: str, final: str) -> dict[str, str]:
+    """`Adapter.norm_names` for blocks named `block.format(i)` with norms `ln1`, `ln2` and a final norm."""
+    names = {"final": final}
+    for i in range(s.n_layers):
+        names[f"blocks.{i}.ln1"] = f"{block.format(i)}.{ln1}"
+        names[f"blocks.{i}.ln2"] = f"{block.format(i)}.{ln2}"
+    return names
 
 
 def require(cond: bool, msg: str) -> None:

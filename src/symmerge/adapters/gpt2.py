@@ -15,6 +15,7 @@ from ..shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
+    norm_slots,
     attention_from_canonical,
     attention_to_canonical,
     final_norm_to_canonical,
@@ -81,6 +82,9 @@ class GPT2Adapter(Adapter):
             f"{hf}.mlp.c_fc.weight": params[f"{p}.mlp.W_in"].T, f"{hf}.mlp.c_fc.bias": params[f"{p}.mlp.b_in"],
             f"{hf}.mlp.c_proj.weight": params[f"{p}.mlp.W_out"].T, f"{hf}.mlp.c_proj.bias": params[f"{p}.mlp.b_out"],
         }
+
+    def norm_names(self, s):
+        return norm_slots(s, "transformer.h.{}", "ln_1", "ln_2", "transformer.ln_f")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

@@ -17,6 +17,7 @@ from ..shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
+    norm_slots,
     any_attention_bias,
     attention_from_canonical,
     attention_to_canonical,
@@ -96,6 +97,9 @@ class GPTNeoXAdapter(Adapter):
             f"{hf}.mlp.dense_h_to_4h.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.dense_h_to_4h.bias": params[f"{p}.mlp.b_in"],
             f"{hf}.mlp.dense_4h_to_h.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.dense_4h_to_h.bias": params[f"{p}.mlp.b_out"],
         }
+
+    def norm_names(self, s):
+        return norm_slots(s, "gpt_neox.layers.{}", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

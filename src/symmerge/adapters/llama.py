@@ -14,7 +14,16 @@ import torch
 
 from ..canonical import fold_norm
 from ..shape import ModelShape
-from .base import Adapter, HookPoints, attention_from_canonical, attention_to_canonical, final_norm_to_canonical, require, rotary_dims
+from .base import (
+    Adapter,
+    HookPoints,
+    attention_from_canonical,
+    attention_to_canonical,
+    final_norm_to_canonical,
+    norm_slots,
+    require,
+    rotary_dims,
+)
 
 #: activation hook points of the Llama-layout decoders (Llama, Mistral, Qwen2, OLMo)
 DECODER_HOOKS = HookPoints(norms=("model.layers.{i}.input_layernorm", "model.layers.{i}.post_attention_layernorm"),
@@ -109,6 +118,9 @@ class LlamaAdapter(Adapter):
 
     def block_from_canonical(self, params, s, i):
         return decoder_block_from_canonical(params, s, i, norm_weights=True)
+
+    def norm_names(self, s):
+        return norm_slots(s, "model.layers.{}", "input_layernorm", "post_attention_layernorm", "model.norm")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

@@ -16,6 +16,7 @@ from ..shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
+    norm_slots,
     any_attention_bias,
     attention_from_canonical,
     attention_to_canonical,
@@ -105,6 +106,9 @@ class ViTAdapter(Adapter):
             f"{hf}.mlp.fc2.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.fc2.bias": params[f"{p}.mlp.b_out"],
         })
         return sd
+
+    def norm_names(self, s):
+        return norm_slots(s, "vit.layers.{}", "layernorm_before", "layernorm_after", "vit.layernorm")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

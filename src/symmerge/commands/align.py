@@ -102,8 +102,21 @@ def align_streamed(args, matcher, families, opts):
     result = registry.align(matcher.name, a, b, families, opts=opts, progress=True)
     rep = report(args, b, result, families)
     g = result.elements["B"]
-    write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra={**b.meta, **_meta(rep)})
+    gauge, side = in_gauge_of(args.a, args.out, b.dtype)
+    write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra={**b.meta, **_meta(rep)},
+                    gauge=gauge, side=side)
     return rep
+
+
+def in_gauge_of(a, out, dtype):
+    """(gauge of A, side files) for an aligned output OUT: written in A's norm gauge, with a mergekit
+    config of the midpoint beside it; (None, {}) where A's gauge cannot be used (see `Gauge.of`)."""
+    from ..gauge import Gauge, mergekit_base, side_files
+
+    gauge = Gauge.of(a)
+    if gauge is None:
+        return None, {}
+    return gauge, side_files([a, out], mergekit_base(a, out), dtype)
 
 
 def align_in_memory(args, matcher, families, opts):
@@ -115,7 +128,9 @@ def align_in_memory(args, matcher, families, opts):
     a, b = _load_pair(args, families)
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True)
     rep = report(args, b, result, families)
-    save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep))
+    gauge, side = in_gauge_of(args.a, args.out, b.dtype)
+    save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep),
+               gauge=gauge, side=side)
     return rep
 
 

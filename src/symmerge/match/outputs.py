@@ -20,15 +20,26 @@ from .learned import learn
 
 
 def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False) -> list[tuple[Path, Path]]:
-    """learned: OUT = g·B. dual: OUT/A = gA·A and OUT/B = gB·B. Returns (input, output) folder pairs."""
+    """learned: OUT = g·B. dual: OUT/A = gA·A and OUT/B = gB·B. Returns (input, output) folder pairs.
+
+    Every output is written in the norm gauge of the stock A (`gauge.py`), so that a plain average of
+    A and OUT (learned) or of OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that
+    midpoint lies beside (OUT/mergekit.yml)."""
+    from ..gauge import Gauge, mergekit_base, side_files
+
     meta = {"align": {k: v for k, v in result.report.items() if k != "history"}}
     out = prepare_output(out, force)
+    gauge = Gauge.of(a.path) if a.path is not None else None
     if result.report["method"] == "learned":
-        save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta)
+        side = side_files([a.path, out], mergekit_base(a.path, out), b.dtype) if gauge else {}
+        save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta, gauge=gauge, side=side)
         return [(b.path, out)]
     with AtomicFolder(out) as tmp:
-        save_model(a, apply(a.spec, result.elements["A"], a.params), tmp / "A", extra=meta)
-        save_model(b, apply(b.spec, result.elements["B"], b.params), tmp / "B", extra=meta)
+        save_model(a, apply(a.spec, result.elements["A"], a.params), tmp / "A", extra=meta, gauge=gauge)
+        save_model(b, apply(b.spec, result.elements["B"], b.params), tmp / "B", extra=meta, gauge=gauge)
+        if gauge is not None:
+            for name, text in side_files([out / "A", out / "B"], (out / "A").resolve(), b.dtype).items():
+                (tmp / name).write_text(text)
     return [(a.path, out / "A"), (b.path, out / "B")]
 
 

@@ -1,0 +1,154 @@
+"""Export in the gauge of a reference: canonical tensors written with a reference checkpoint's norm parameters.
+
+Canonical form writes every norm with unit weight and zero bias (`canonical.py`). Two checkpoints in
+different gauges compute what they compute, but do not average tensor by tensor: behind a norm of
+weight γ a reader W acts as W·diag(γ), and the average of products is not the product of averages.
+Writing an aligned B in the gauge of the stock A makes a plain average by any tool (mergekit `linear`)
+equal symmerge's interpolation of the canonical forms. For a norm read by W (canonical W_B, b_B):
+
+    γ := γ_A,  β := β_A,  W := W_B diag(γ_A)⁻¹,  b := b_B − W β_A
+
+so W (γ_A n + β_A) + b = W_B n + b_B: the same function, and (W_A + W)/2 behind γ_A is the canonical
+average (W_A γ_A + W_B)/2 (with the biases likewise). A final norm whose bias cannot be folded (the
+head has no bias: `final.b_norm` holds the canonical β/γ): β := γ_A ⊙ b_norm, head W_U diag(γ_A)⁻¹.
+Mean-free writers need nothing: LayerNorm removes the stream's mean either way, and every reader of
+the stream sits behind a norm.
+
+Where it fails: a zero in γ_A cannot be divided by. `Gauge.of` then returns None (the caller writes
+canonical form and says so). Norms without parameters (OLMo-1) have no gauge: nothing changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+Params = dict[str, torch.Tensor]
+
+
+def reader_slots(s, i: int) -> dict[str, tuple[tuple[str, str], ...]]:
+    """(weight, bias) canonical names of the readers of block i's two norms, by slot."""
+    p = f"blocks.{i}"
+    attn = tuple((f"{p}.attn.W_{n}", f"{p}.attn.b_{n}") for n in "QKV")
+    mlp = ((f"{p}.mlp.W_in", f"{p}.mlp.b_in"),) + (((f"{p}.mlp.W_gate", f"{p}.mlp.b_gate"),) if s.gated else ())
+    return {f"{p}.ln1": attn, f"{p}.ln2": mlp}
+
+
+def unfold_reader(w: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None):
+    """The reader (W diag(γ)⁻¹, b − W' β) that behind `n * γ + β` computes what (W, b) computes behind n."""
+    w_new = w / gamma  # the residual (last) axis
+    b_new = b if beta is None else b - w_new @ beta
+    return w_new, b_new
+
+
+@dataclass
+class Gauge:
+    """The norm parameters of a reference checkpoint, by slot ("blocks.i.ln1", "blocks.i.ln2", "final"):
+    (HF prefix, γ, β or None), in float64."""
+
+    norms: dict[str, tuple[str, torch.Tensor, torch.Tensor | None]]
+    source: str = ""
+
+    @classmethod
+    def of(cls, reference) -> Gauge | None:
+        """The gauge of the checkpoint folder `reference` (a `LazyModel` is built for it); None (with a
+        line on stderr) where a norm weight is zero, since its readers cannot be divided by it."""
+        from .model import LazyModel
+
+        ref = reference if isinstance(reference, LazyModel) else LazyModel(reference)
+        norms = {}
+        for slot, prefix in ref.adapter.norm_names(ref.shape).items():
+            gamma, beta = ref.get(f"{prefix}.weight"), ref.get(f"{prefix}.bias", None)
+            if not bool((gamma != 0).all()):
+                print(f"symmerge: {ref.path}: {prefix}.weight has zeros; writing the output in canonical form "
+                      "(unit norm weights) instead of the reference's gauge", file=sys.stderr)
+                ref.ckpt.close()
+                return None
+            norms[slot] = (prefix, gamma, beta)
+        ref.ckpt.close()
+        return cls(norms, str(ref.path))
+
+    def canonical(self, params: Params, s) -> tuple[Params, Params]:
+        """(readers unfolded, HF norm tensors) for the canonical tensors in `params` (a part or all of a
+        model); the HF tensors replace the unit norms that the adapter's export writes."""
+        out, hf = dict(params), {}
+        for i in range(s.n_layers):
+            for slot, readers in reader_slots(s, i).items():
+                if slot in self.norms and readers[0][0] in params:
+                    prefix, gamma, beta = self.norms[slot]
+                    for w, b in readers:
+                        out[w], out[b] = unfold_reader(params[w], params[b], gamma, beta)
+                    hf.update(_norm_tensors(prefix, gamma, beta))
+        if "final" in self.norms and "head.W_U" in params:
+            self._final(params, out, hf)
+        return out, hf
+
+    def _final(self, params: Params, out: Params, hf: Params) -> None:
+        prefix, gamma, beta = self.norms["final"]
+        if "head.b_U" in params:
+            out["head.W_U"], out["head.b_U"] = unfold_reader(params["head.W_U"], params["head.b_U"], gamma, beta)
+            hf.update(_norm_tensors(prefix, gamma, beta))
+            return
+        out["head.W_U"] = params["head.W_U"] / gamma
+        if "final.b_norm" in params:  # the head has no bias: the norm's bias carries b_norm in A's scale
+            out["final.b_norm"] = gamma * params["final.b_norm"]
+            hf.update(_norm_tensors(prefix, gamma, out["final.b_norm"]))
+        else:
+            hf.update(_norm_tensors(prefix, gamma, None))
+
+
+def _norm_tensors(prefix: str, gamma: torch.Tensor, beta: torch.Tensor | None) -> Params:
+    out = {f"{prefix}.weight": gamma}
+    if beta is not None:
+        out[f"{prefix}.bias"] = beta
+    return out
+
+
+def export_part(adapter, s, params: Params, gauge: Gauge | None, key) -> Params:
+    """HF tensors of one part ("ends" or block index `key`) of canonical `params`, in `gauge` if given."""
+    hf_norms = {}
+    if gauge is not None:
+        params, hf_norms = gauge.canonical(params, s)
+    sd = adapter.ends_from_canonical(params, s) if key == "ends" else adapter.block_from_canonical(params, s, key)
+    for k, v in hf_norms.items():
+        if k in sd:
+            sd[k] = v
+    return sd
+
+
+MERGEKIT_FILE = "mergekit.yml"
+
+
+def mergekit_config(models: list, base, dtype: str) -> str:
+    """A mergekit `linear` config of the midpoint of `models` (checkpoint folders, absolute paths), with
+    `base_model` set so that mergekit takes that model's config instead of one of the inputs' at random."""
+    import json as _json
+
+    q = lambda p: _json.dumps(str(p))  # noqa: E731 - a JSON string is a YAML string
+    lines = ["# mergekit-yaml mergekit.yml MERGED: the plain average that symmerge's gauge makes equal to",
+             "# `symmerge interpolate` at lam 0.5 (the aligned model is written in the gauge of the first)",
+             "merge_method: linear", f"base_model: {q(base)}", f"dtype: {dtype}", "models:"]
+    for m in models:
+        lines += [f"  - model: {q(m)}", "    parameters:", f"      weight: {1.0 / len(models)}"]
+    return "\n".join(lines) + "\n"
+
+
+def mergekit_base(reference, output, out_tied: bool = False):
+    """The `base_model` for the midpoint of the reference A and an aligned output: A (mergekit then takes
+    A's config), except where A is tied and the output is not: a tied config would drop the output's head."""
+    from pathlib import Path
+
+    from .io import Checkpoint
+
+    tied = bool(getattr(Checkpoint(reference).config, "tie_word_embeddings", False))
+    return Path(reference if tied == out_tied else output).resolve()
+
+
+def side_files(models: list, base, dtype) -> dict[str, str]:
+    """{"mergekit.yml": the config of the midpoint of `models`} to write beside an aligned output."""
+    from pathlib import Path
+
+    name = str(dtype).replace("torch.", "")
+    return {MERGEKIT_FILE: mergekit_config([Path(m).resolve() for m in models], base, name)}

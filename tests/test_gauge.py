@@ -1,0 +1,99 @@
+"""Outputs in A's gauge: an aligned B written with A's norm parameters, so that a plain tensor-wise
+average with the stock A (what mergekit `linear` does) is `symmerge interpolate A B`; against the stock
+`transformers` forward, with the canonical form (the old output) as negative control."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+from factories import CLASSES, example_inputs, logits, make_model
+
+from symmerge.cli import main
+from symmerge.gauge import MERGEKIT_FILE, Gauge
+from symmerge.model import load_model, save_model
+
+ARCHS = ["gpt2", "llama", "llama_untied", "gpt_neox", "gpt_neox_seq", "vit"]
+
+
+def _stock(path, arch, dtype=torch.float64):
+    return CLASSES.get(arch, T.AutoModelForCausalLM).from_pretrained(path, dtype=dtype).eval()
+
+
+def aligned_pair(tmp_path, arch, dtype=torch.float64, method="weight"):
+    """Stock A and B (independent random models) and OUT = B aligned to A."""
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    make_model(arch, seed=0, dtype=dtype).save_pretrained(a)
+    make_model(arch, seed=1, dtype=dtype).save_pretrained(b)
+    assert main(["align", str(a), str(b), "-o", str(out), "--method", method]) == 0
+    return a, b, out
+
+
+def assert_close(got, want, tol=1e-5):
+    """Stock RMSNorm computes in float32 whatever the model's dtype, so float64 models agree to ~1e-7
+    relative per norm: 1e-5 of the logits' scale is the bound; the negative controls differ by > 1e-2."""
+    assert float((got - want).abs().max()) <= tol * max(1.0, float(want.abs().max()))
+
+
+def plain_average(a, out, arch, dtype=torch.float64):
+    """The tensor-wise midpoint of the stock A and OUT (A's tied head read as its embedding), in OUT's config."""
+    ma, mo = _stock(a, arch, dtype), _stock(out, arch, dtype)
+    sa = ma.state_dict()
+    avg = {k: (sa[k] + v) / 2 for k, v in mo.state_dict().items()}
+    mo.load_state_dict(avg)
+    return mo
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_aligned_output_averages_like_interpolate(tmp_path, arch):
+    a, b, out = aligned_pair(tmp_path, arch)
+    x = example_inputs(arch)
+    # the same function as B, and A's norm parameters verbatim
+    assert_close(logits(_stock(out, arch), x), logits(_stock(b, arch), x))
+    gauge = Gauge.of(a)
+    sd = _stock(out, arch).state_dict()
+    for prefix, gamma, beta in gauge.norms.values():
+        assert torch.equal(sd[f"{prefix}.weight"], gamma)
+        if beta is not None and not prefix.endswith(("ln_f", "final_layer_norm")):
+            assert torch.equal(sd[f"{prefix}.bias"], beta)
+    # a plain average with the stock A is symmerge's interpolation
+    assert main(["interpolate", str(a), str(out), "--lam", "0.5", "-o", str(tmp_path / "mid")]) == 0
+    want = logits(_stock(tmp_path / "mid", arch), x)
+    got = logits(plain_average(a, out, arch), x)
+    assert_close(got, want)
+    # negative control: OUT in canonical form (the old output) computes the same, but does not average
+    m = load_model(out)
+    save_model(m, m.params, tmp_path / "canonical")
+    assert_close(logits(_stock(tmp_path / "canonical", arch), x), logits(_stock(b, arch), x))
+    assert float((logits(plain_average(a, tmp_path / "canonical", arch), x) - want).abs().max()) > 1e-2
+
+
+def test_streamed_and_in_memory_outputs_agree(tmp_path):
+    """weight matching (streamed) and activation matching (in memory) export through the same gauge."""
+    a, b, out = aligned_pair(tmp_path, "gpt_neox")
+    m = load_model(out)
+    save_model(m, m.params, tmp_path / "again", gauge=Gauge.of(a))
+    for k, v in _stock(out, "gpt_neox").state_dict().items():
+        assert torch.allclose(v, _stock(tmp_path / "again", "gpt_neox").state_dict()[k], atol=1e-12, rtol=0), k
+
+
+def test_mergekit_config_beside_output(tmp_path):
+    a, b, out = aligned_pair(tmp_path, "llama_untied")
+    text = (out / MERGEKIT_FILE).read_text()
+    assert "merge_method: linear" in text and f'base_model: "{a.resolve()}"' in text and str(out.resolve()) in text
+
+
+def test_zero_norm_weight_falls_back_to_canonical(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    ma = make_model("llama_untied", seed=0)
+    with torch.no_grad():
+        ma.model.layers[0].input_layernorm.weight[3] = 0
+    ma.save_pretrained(a)
+    make_model("llama_untied", seed=1).save_pretrained(b)
+    assert main(["align", str(a), str(b), "-o", str(tmp_path / "out")]) == 0
+    assert "canonical form" in capsys.readouterr().err
+    assert not (tmp_path / "out" / MERGEKIT_FILE).exists()
+    w = _stock(tmp_path / "out", "llama_untied").model.layers[0].input_layernorm.weight
+    assert torch.equal(w, torch.ones_like(w))
+    x = example_inputs("llama_untied")
+    assert_close(logits(_stock(tmp_path / "out", "llama_untied"), x), logits(_stock(b, "llama_untied"), x))
