@@ -202,7 +202,7 @@ def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool =
     with AtomicFolder(out) as tmp:
         config.architectures = [model.shape.hf_class]
         config.save_pretrained(tmp)
-        write_weights(tmp, sd)
+        write_weights(tmp, model.adapter.saved(sd))
         if model.path is not None:
             copy_side_files(model.path, tmp)
         if extra is not None:

@@ -41,10 +41,10 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
 
     with AtomicFolder(out) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes)
-        writer.add(cast(keep_expected(export_part(model.adapter, model.shape, ends, gauge, "ends"), config, cls, partial=True)))
+        writer.add(cast(model.adapter.saved(keep_expected(export_part(model.adapter, model.shape, ends, gauge, "ends"), config, cls, partial=True))))
         for i in tqdm(range(model.shape.n_layers), desc="writing", unit="block", disable=not progress):
             block = transform(model.part(i))
-            writer.add(cast(keep_expected(export_part(model.adapter, model.shape, block, gauge, i), config, cls, partial=True)))
+            writer.add(cast(model.adapter.saved(keep_expected(export_part(model.adapter, model.shape, block, gauge, i), config, cls, partial=True))))
         writer.finish()
         config.architectures = [cls]
         config.save_pretrained(tmp)

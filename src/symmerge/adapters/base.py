@@ -65,6 +65,9 @@ class Adapter:
     hooks: HookPoints | None = None
     #: the head's HF tensor that a checkpoint with tied embeddings may leave out (None: no tied head)
     tied_head: str | None = None
+    #: (pattern, replacement) pairs giving the names stock `save_pretrained` writes, where they differ from
+    #: the class's own (other tools, e.g. mergekit, look tensors up by the saved names)
+    save_renames: tuple[tuple[str, str], ...] = ()
 
     # --- to implement ---
     def shape(self, config) -> ModelShape:
@@ -104,6 +107,15 @@ class Adapter:
         for pattern, repl in self.renames:
             key = re.sub(pattern, repl, key)
         return key
+
+    def saved(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`sd` under the names stock `save_pretrained` writes (`save_renames`)."""
+        out = {}
+        for key, t in sd.items():
+            for pattern, repl in self.save_renames:
+                key = re.sub(pattern, repl, key)
+            out[key] = t
+        return out
 
     def from_canonical(self, params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
         sd = self.ends_from_canonical(params, s)

@@ -32,11 +32,12 @@ from .base import (
 class GPTNeoXAdapter(Adapter):
     name = "gpt_neox"
     hf_classes = ("GPTNeoXForCausalLM",)
-    renames = ((r"^embed_out\.", "lm_head."),)  # checkpoints saved before the head was renamed
+    renames = ((r"^embed_out\.", "lm_head."),)  # stock save_pretrained still writes the head as embed_out
     hooks = HookPoints(norms=("gpt_neox.layers.{i}.input_layernorm", "gpt_neox.layers.{i}.post_attention_layernorm"),
                        attn_norm="gpt_neox.layers.{i}.input_layernorm", final_norm="gpt_neox.final_layer_norm",
                        ffn_hidden="gpt_neox.layers.{i}.mlp.dense_4h_to_h")
     tied_head = "lm_head.weight"
+    save_renames = ((r"^lm_head\.", "embed_out."),)
 
     def shape(self, c) -> ModelShape:
         d, h = c.hidden_size, c.num_attention_heads
