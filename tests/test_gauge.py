@@ -97,3 +97,26 @@ def test_zero_norm_weight_falls_back_to_canonical(tmp_path, capsys):
     assert torch.equal(w, torch.ones_like(w))
     x = example_inputs("llama_untied")
     assert_close(logits(_stock(tmp_path / "out", "llama_untied"), x), logits(_stock(b, "llama_untied"), x))
+
+
+@pytest.mark.parametrize("command,dtype", [("transform", torch.bfloat16), ("interpolate", torch.float16),
+                                           ("align", torch.float32)])
+def test_out_dtype(tmp_path, command, dtype):
+    """--out-dtype writes the checkpoint in that dtype; the function agrees to that dtype's precision."""
+    from symmerge.io import Checkpoint
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_model("llama_untied", seed=0).save_pretrained(a)
+    make_model("llama_untied", seed=1).save_pretrained(b)
+    out, name = tmp_path / "out", str(dtype).replace("torch.", "")
+    argv = {"transform": ["transform", str(a), "--seed", "3"], "interpolate": ["interpolate", str(a), str(a), "--lam", "0.5"],
+            "align": ["align", str(a), str(b)]}[command]
+    assert main([*argv, "-o", str(out), "--out-dtype", name]) == 0
+    assert Checkpoint(out).dtype() == dtype
+    source = b if command == "align" else a
+    x = example_inputs("llama_untied")
+    want = logits(_stock(source, "llama_untied"), x)
+    got = logits(_stock(out, "llama_untied"), x)
+    err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+    eps = torch.finfo(dtype).eps
+    assert err <= 50 * eps

@@ -10,6 +10,7 @@ from .. import SymmergeError
 from ..match import registry
 from ..report import write as write_report
 from ..spec import FAMILIES
+from . import out_dtype
 from .checks import check_report_file
 from .transform import parse_groups
 
@@ -36,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="learned/dual: continue the interrupted run of OUT")
     p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    out_dtype.add_argument(p)
     p.set_defaults(run=run)
 
 
@@ -102,9 +104,10 @@ def align_streamed(args, matcher, families, opts):
     result = registry.align(matcher.name, a, b, families, opts=opts, progress=True)
     rep = report(args, b, result, families)
     g = result.elements["B"]
-    gauge, side = in_gauge_of(args.a, args.out, b.dtype)
+    dtype = out_dtype.resolve(args) or b.dtype
+    gauge, side = in_gauge_of(args.a, args.out, dtype)
     write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra={**b.meta, **_meta(rep)},
-                    gauge=gauge, side=side)
+                    gauge=gauge, side=side, dtype=dtype)
     return rep
 
 
@@ -128,9 +131,10 @@ def align_in_memory(args, matcher, families, opts):
     a, b = _load_pair(args, families)
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True)
     rep = report(args, b, result, families)
-    gauge, side = in_gauge_of(args.a, args.out, b.dtype)
+    dtype = out_dtype.resolve(args) or b.dtype
+    gauge, side = in_gauge_of(args.a, args.out, dtype)
     save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep),
-               gauge=gauge, side=side)
+               gauge=gauge, side=side, dtype=dtype)
     return rep
 
 
@@ -191,7 +195,8 @@ def run_learned(args, matcher, families, opts) -> int:
     ckpt = open_checkpoint(args.out, args.force, args.resume)
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True, checkpoint=ckpt,
                             resume=args.resume)
-    rep = finish_learned(Result(result.elements, result.figures), a, b, args.out, args.force, data.val[0], ckpt)
+    rep = finish_learned(Result(result.elements, result.figures), a, b, args.out, args.force, data.val[0], ckpt,
+                         dtype=out_dtype.resolve(args))
     start = result.start.figures
     rep["weight_matching"] = {"objective": start["objective"], "seconds": start["seconds"]}
     if args.json:

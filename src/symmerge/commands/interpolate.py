@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import out_dtype
 from .checks import finite_float
 
 
@@ -13,6 +14,7 @@ def register(sub) -> None:
     p.add_argument("--extrapolate", action="store_true", help="allow λ outside [0, 1]")
     p.add_argument("-o", "--out", required=True, help="output folder")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    out_dtype.add_argument(p)
     p.set_defaults(run=run)
 
 
@@ -27,7 +29,7 @@ def run(args) -> int:
     a, b = load_model(args.a), load_model(args.b)
     check_compatible(a, b)
     params = interpolate(a.params, b.params, args.lam)
-    save_model(a, params, args.out, force=args.force,
+    save_model(a, params, args.out, force=args.force, dtype=out_dtype.resolve(args),
                extra={"interpolate": {"a": str(args.a), "b": str(args.b), "lambda": args.lam}})
     print(f"wrote {args.out}: (1 - {args.lam})·A + {args.lam}·B")
     return 0

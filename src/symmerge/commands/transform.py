@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import FAMILIES
+from . import out_dtype
 from .checks import at_least
 
 
@@ -17,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--spread", type=at_least(1.0, float), default=2.0,
                    help="scales and singular values drawn in [1/s, s] (s >= 1)")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    out_dtype.add_argument(p)
     p.set_defaults(run=run)
 
 
@@ -35,7 +37,8 @@ def run(args) -> int:
     families = parse_groups(args.groups)
     g = random_element(model.spec, torch.Generator().manual_seed(args.seed), families, args.spread)
     extra = {"transform": {"source": str(args.model), "seed": args.seed, "groups": families or "all"}}
-    out = write_streaming(model, lambda part: apply(model.spec, g, part), args.out, force=args.force, extra=extra)
+    out = write_streaming(model, lambda part: apply(model.spec, g, part), args.out, force=args.force, extra=extra,
+                          dtype=out_dtype.resolve(args))
     print(f"wrote {out}: {model.shape.hf_class} transformed by a random element of "
           f"{', '.join(families or model.spec.families())} (seed {args.seed})")
     return 0

@@ -19,26 +19,27 @@ from .learn_loop import Result
 from .learned import learn
 
 
-def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False) -> list[tuple[Path, Path]]:
+def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False, dtype=None) -> list[tuple[Path, Path]]:
     """learned: OUT = g·B. dual: OUT/A = gA·A and OUT/B = gB·B. Returns (input, output) folder pairs.
 
     Every output is written in the norm gauge of the stock A (`gauge.py`), so that a plain average of
     A and OUT (learned) or of OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that
-    midpoint lies beside (OUT/mergekit.yml)."""
+    midpoint lies beside (OUT/mergekit.yml). `dtype`: of the outputs (default: each input's)."""
     from ..gauge import Gauge, mergekit_base, side_files
 
     meta = {"align": {k: v for k, v in result.report.items() if k != "history"}}
     out = prepare_output(out, force)
     gauge = Gauge.of(a.path) if a.path is not None else None
     if result.report["method"] == "learned":
-        side = side_files([a.path, out], mergekit_base(a.path, out), b.dtype) if gauge else {}
-        save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta, gauge=gauge, side=side)
+        side = side_files([a.path, out], mergekit_base(a.path, out), dtype or b.dtype) if gauge else {}
+        save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta, gauge=gauge, side=side,
+                   dtype=dtype)
         return [(b.path, out)]
     with AtomicFolder(out) as tmp:
-        save_model(a, apply(a.spec, result.elements["A"], a.params), tmp / "A", extra=meta, gauge=gauge)
-        save_model(b, apply(b.spec, result.elements["B"], b.params), tmp / "B", extra=meta, gauge=gauge)
+        save_model(a, apply(a.spec, result.elements["A"], a.params), tmp / "A", extra=meta, gauge=gauge, dtype=dtype)
+        save_model(b, apply(b.spec, result.elements["B"], b.params), tmp / "B", extra=meta, gauge=gauge, dtype=dtype)
         if gauge is not None:
-            for name, text in side_files([out / "A", out / "B"], (out / "A").resolve(), b.dtype).items():
+            for name, text in side_files([out / "A", out / "B"], (out / "A").resolve(), dtype or b.dtype).items():
                 (tmp / name).write_text(text)
     return [(a.path, out / "A"), (b.path, out / "B")]
 
@@ -80,10 +81,10 @@ def open_checkpoint(out, force: bool = False, resume: bool = False) -> Path:
 
 
 def finish_learned(result: Result, a: Model, b: Model, out, force: bool, batch: dict, ckpt: Path,
-                   keep_checkpoint: bool = False) -> dict:
+                   keep_checkpoint: bool = False, dtype=None) -> dict:
     """Write OUT (g·B, or A/ and B/ for dual) and return the report with, for every output, the largest
     logit difference from its input on `batch`; then remove the checkpoint unless `keep_checkpoint`."""
-    pairs = save_outputs(result, a, b, out, force)
+    pairs = save_outputs(result, a, b, out, force, dtype)
     report = dict(result.report, outputs=output_report(pairs, a.shape.hf_class, batch))
     if not keep_checkpoint:
         shutil.rmtree(ckpt, ignore_errors=True)
