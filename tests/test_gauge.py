@@ -120,3 +120,23 @@ def test_out_dtype(tmp_path, command, dtype):
     err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
     eps = torch.finfo(dtype).eps
     assert err <= 50 * eps
+
+
+def test_tied_llama_stays_tied(tmp_path):
+    """A tied Llama transformed by permutations (no residual rotation) is written tied (head = embedding,
+    final norm weight permuted); with a residual rotation it cannot be, and is written untied. Both
+    against the stock forward."""
+    src = tmp_path / "src"
+    make_model("llama", seed=0).save_pretrained(src)  # the factory's Llama is tied
+    x = example_inputs("llama")
+    want = logits(_stock(src, "llama"), x)
+    for groups, tied in (("residual_perm,ffn_perm,head_perm", True), ("residual_rotation", False)):
+        out = tmp_path / groups.replace(",", "_")
+        assert main(["transform", str(src), "-o", str(out), "--seed", "4", "--groups", groups]) == 0
+        model = _stock(out, "llama")
+        assert model.config.tie_word_embeddings is tied
+        assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight) is tied
+        assert_close(logits(model, x), want)
+    m = load_model(src)  # A's own parameters through save_model (in-memory export): tied as well
+    save_model(m, m.params, tmp_path / "again")
+    assert _stock(tmp_path / "again", "llama").config.tie_word_embeddings is True

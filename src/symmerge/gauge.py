@@ -106,11 +106,52 @@ def _norm_tensors(prefix: str, gamma: torch.Tensor, beta: torch.Tensor | None) -
     return out
 
 
-def export_part(adapter, s, params: Params, gauge: Gauge | None, key) -> Params:
-    """HF tensors of one part ("ends" or block index `key`) of canonical `params`, in `gauge` if given."""
+def tied_scale(params: Params, s, gauge: Gauge | None = None) -> torch.Tensor | None:
+    """The final norm weight γ' with W_U = W_E diag(γ') (to float64 rounding), where the source was tied:
+    the output can then be tied (head = embedding behind a final norm of weight γ'). None otherwise.
+
+    It holds after any group element whose residual map is diagonal up to a permutation and signs (a
+    permutation, a residual scale) on an RMSNorm model; not after a residual rotation, and not on LayerNorm
+    models (the writers are mean-free, the head is not) or where the head has a bias. Under a gauge, γ'
+    must also be the reference's final weight (the gauge fixes that norm); else the output stays untied."""
+    if not s.tied or s.centred or "embed.W_E" not in params or "head.W_U" not in params:
+        return None
+    if "final.b_norm" in params or "head.b_U" in params:
+        return None
+    e, u = params["embed.W_E"], params["head.W_U"]
+    norm2 = (e * e).sum(0)
+    if not bool((norm2 > 0).all()):
+        return None
+    g = (u * e).sum(0) / norm2
+    tol = 1e-9 * max(1.0, float(u.abs().max()))
+    if not bool((g != 0).all()) or float((u - e * g).abs().max()) > tol:
+        return None
+    if gauge is not None and "final" in gauge.norms:
+        ref = gauge.norms["final"][1]
+        if float((g - ref).abs().max()) > 1e-9 * max(1.0, float(ref.abs().max())):
+            return None
+        g = ref
+    return g
+
+
+def export_params(adapter, s, params: Params, gauge: Gauge | None, tie: bool = True) -> tuple[Params, Params, bool]:
+    """(canonical params as exported, HF norm tensors replacing the unit norms, tied) for `params` (all
+    of a model or one part): in `gauge` if given, and with `tie` tied where `tied_scale` allows it."""
+    g = tied_scale(params, s, gauge) if tie else None
     hf_norms = {}
     if gauge is not None:
         params, hf_norms = gauge.canonical(params, s)
+    if g is not None:
+        params = {**params, "head.W_U": params["embed.W_E"]}
+        final = adapter.norm_names(s).get("final")
+        if final is not None:
+            hf_norms[f"{final}.weight"] = g
+    return params, hf_norms, g is not None
+
+
+def export_part(adapter, s, params: Params, gauge: Gauge | None, key) -> Params:
+    """HF tensors of one part ("ends" or block index `key`) of canonical `params`, in `gauge` if given."""
+    params, hf_norms, _ = export_params(adapter, s, params, gauge)
     sd = adapter.ends_from_canonical(params, s) if key == "ends" else adapter.block_from_canonical(params, s, key)
     for k, v in hf_norms.items():
         if k in sd:

@@ -152,14 +152,18 @@ def load_model(path) -> Model:
     return LazyModel(path).as_model()
 
 
-def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None, gauge=None):
+def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = None, dtype=None, gauge=None,
+                      tie: bool = False):
     """(config, HF state dict) for canonical `params` (default: the model's own), cast once to `dtype`;
-    in the norm gauge of a reference (`gauge.Gauge`) if `gauge` is given, else in canonical form."""
+    in the norm gauge of a reference (`gauge.Gauge`) if `gauge` is given, else in canonical form. With
+    `tie`, the head is tied where `gauge.tied_scale` allows it (for files: a model built once and fed
+    other parameters, as the evaluators do, must stay untied)."""
+    from .gauge import export_params
+
     params = model.params if params is None else params
-    hf_norms = {}
-    if gauge is not None:
-        params, hf_norms = gauge.canonical(params, model.shape)
+    params, hf_norms, tied = export_params(model.adapter, model.shape, params, gauge, tie)
     config = model.adapter.export_config(model.config, model.shape, params)
+    config.tie_word_embeddings = tied
     sd = model.adapter.from_canonical(params, model.shape)
     sd.update({k: v for k, v in hf_norms.items() if k in sd})
     sd = keep_expected(sd, config, model.shape.hf_class)
@@ -198,7 +202,7 @@ def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool =
     """Write canonical `params` as a stock HF checkpoint of the model's class, atomically (in the
     gauge of a reference if `gauge` is given: see `gauge.py`); `side`: more files (name -> text) in OUT."""
     out = prepare_output(out, force)
-    config, sd = export_state_dict(model, params, dtype, gauge)
+    config, sd = export_state_dict(model, params, dtype, gauge, tie=True)
     with AtomicFolder(out) as tmp:
         config.architectures = [model.shape.hf_class]
         config.save_pretrained(tmp)

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from .gauge import export_part
+from .gauge import export_part, tied_scale
 from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
 from .model import LazyModel, keep_expected
 
@@ -34,6 +34,7 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
     ends = transform(model.ends())
     probe = _bias_probe(model, ends, None if gauge is None else lambda block: gauge.canonical(transform(block), model.shape)[0])
     config = model.adapter.export_config(model.config, model.shape, {**ends, **probe})
+    config.tie_word_embeddings = tied_scale(ends, model.shape, gauge) is not None
     cls = model.shape.hf_class
 
     def cast(sd):
