@@ -5,6 +5,8 @@ Each builder returns a `transformers.PreTrainedTokenizerFast` wrapping a `tokeni
 
 - `char`: one token per character of the corpus (sorted code points) plus `<unk>`; decoding fuses the
   characters back together, so `decode(encode(t)) == t` for any text whose characters were seen.
+  `<unk>` is also declared bos and eos (tools such as lm-evaluation-harness need a prefix token): no
+  token is added to the vocabulary and nothing is added on encoding, so ids and figures are unchanged.
 - `bpe`: byte-level BPE trained on the corpus (`tokenizers.trainers.BpeTrainer`), vocabulary size
   configurable; byte-level, so every text round-trips.
 - `gpt2`: GPT-2's published byte-level BPE, built from `encoder.json` + `vocab.bpe` found in a folder
@@ -43,7 +45,7 @@ def char_tokenizer(text: str):
     # one pre-token per character, newlines included ([\s\S] matches everything)
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return _wrap(tok, unk_token=UNK)
+    return _wrap(tok, unk_token=UNK, bos_token=UNK, eos_token=UNK)
 
 
 def bpe_tokenizer(text: str, vocab_size: int = 2048):
