@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
-from factories import CLASSES, example_inputs, logits, make_model
 
+from factories import CLASSES, example_inputs, logits, make_model
 from symmerge.cli import main
 from symmerge.gauge import MERGEKIT_FILE, Gauge
 from symmerge.model import load_model, save_model

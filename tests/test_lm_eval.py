@@ -14,8 +14,8 @@ import json
 import pytest
 import torch
 import transformers as T
-from factories import make_model
 
+from factories import make_model
 from symmerge.evaluate import evaluate
 from symmerge.tokenizers import char_tokenizer, encode
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import transformers as T
 import yaml
-from factories import example_inputs, logits, make_model
 
+from factories import example_inputs, logits, make_model
 from symmerge.cli import main
 from symmerge.gauge import MERGEKIT_FILE, mergekit_config
 from symmerge.model import load_model, save_model

@@ -37,15 +37,17 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
     config.tie_word_embeddings = tied_scale(ends, model.shape, gauge) is not None
     cls = model.shape.hf_class
 
-    def cast(sd):
-        return {k: v.to(dtype=dtype, copy=True) for k, v in sd.items()}
+    def exported(part: Params, key) -> Params:
+        """HF tensors of one part under their saved names, cast to `dtype`."""
+        sd = keep_expected(export_part(model.adapter, model.shape, part, gauge, key), config, cls, partial=True)
+        return {k: v.to(dtype=dtype, copy=True) for k, v in model.adapter.saved(sd).items()}
 
     with AtomicFolder(out) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes)
-        writer.add(cast(model.adapter.saved(keep_expected(export_part(model.adapter, model.shape, ends, gauge, "ends"), config, cls, partial=True))))
+        writer.add(exported(ends, "ends"))
         for i in tqdm(range(model.shape.n_layers), desc="writing", unit="block", disable=not progress):
             block = transform(model.part(i))
-            writer.add(cast(model.adapter.saved(keep_expected(export_part(model.adapter, model.shape, block, gauge, i), config, cls, partial=True))))
+            writer.add(exported(block, i))
         writer.finish()
         config.architectures = [cls]
         config.save_pretrained(tmp)

@@ -15,12 +15,12 @@ from ..shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
-    norm_slots,
     attention_from_canonical,
     attention_to_canonical,
     final_norm_to_canonical,
     fold_attention,
     make_mean_free,
+    norm_slots,
     require,
 )
 

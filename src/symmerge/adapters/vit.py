@@ -16,13 +16,13 @@ from ..shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
-    norm_slots,
     any_attention_bias,
     attention_from_canonical,
     attention_to_canonical,
     final_norm_to_canonical,
     fold_attention,
     make_mean_free,
+    norm_slots,
     require,
 )
 
