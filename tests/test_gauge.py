@@ -140,3 +140,9 @@ def test_tied_llama_stays_tied(tmp_path):
     m = load_model(src)  # A's own parameters through save_model (in-memory export): tied as well
     save_model(m, m.params, tmp_path / "again")
     assert _stock(tmp_path / "again", "llama").config.tie_word_embeddings is True
+
+
+def test_norms_without_parameters_have_no_gauge(model_dirs):
+    """OLMo-1's LayerNorm has no weight or bias: its gauge is empty and the export is canonical form."""
+    assert Gauge.of(model_dirs["olmo"]).norms == {}
+    assert set(Gauge.of(model_dirs["llama"]).norms) == {"final", "blocks.0.ln1", "blocks.0.ln2", "blocks.1.ln1", "blocks.1.ln2"}

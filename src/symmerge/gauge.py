@@ -60,7 +60,9 @@ class Gauge:
         ref = reference if isinstance(reference, LazyModel) else LazyModel(reference)
         norms = {}
         for slot, prefix in ref.adapter.norm_names(ref.shape).items():
-            gamma, beta = ref.get(f"{prefix}.weight"), ref.get(f"{prefix}.bias", None)
+            gamma, beta = ref.get(f"{prefix}.weight", None), ref.get(f"{prefix}.bias", None)
+            if gamma is None:  # a norm without parameters (OLMo-1): nothing to keep
+                continue
             if not bool((gamma != 0).all()):
                 print(f"symmerge: {ref.path}: {prefix}.weight has zeros; writing the output in canonical form "
                       "(unit norm weights) instead of the reference's gauge", file=sys.stderr)

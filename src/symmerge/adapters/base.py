@@ -97,10 +97,18 @@ class Adapter:
         return config
 
     def norm_names(self, s: ModelShape) -> dict[str, str]:
-        """HF prefix of each norm that has parameters, by slot: "blocks.i.ln1" (read by attention),
-        "blocks.i.ln2" (read by the MLP), "final" (read by the head); empty where norms have none.
-        `gauge.Gauge` reads a reference's norms through these names."""
-        return {}
+        """HF prefix of each norm, by slot: "blocks.i.ln1" (read by attention: `hooks.attn_norm`),
+        "blocks.i.ln2" (read by the MLP: the other of `hooks.norms`), "final" (read by the head), all
+        from `hooks`; empty without hooks or with other than two norms per layer. `gauge.Gauge` reads a
+        reference's norms through these names (norms without parameters are skipped there)."""
+        if self.hooks is None or len(self.hooks.norms) != 2:
+            return {}
+        names = {"final": self.hooks.final_norm}
+        for i in range(s.n_layers):
+            h = self.hooks.layer(i)
+            names[f"blocks.{i}.ln1"] = h.attn_norm
+            names[f"blocks.{i}.ln2"] = next(n for n in h.norms if n != h.attn_norm)
+        return names
 
     # --- shared ---
     def rename(self, key: str) -> str:
@@ -129,15 +137,6 @@ class Adapter:
             params.update(self.block_to_canonical(get, s, i))
         params.update(self.final_to_canonical(get, s))
         return params
-
-
-def norm_slots(s: ModelShape, block: str, ln1: str, ln2: str, final: str) -> dict[str, str]:
-    """`Adapter.norm_names` for blocks named `block.format(i)` with norms `ln1`, `ln2` and a final norm."""
-    names = {"final": final}
-    for i in range(s.n_layers):
-        names[f"blocks.{i}.ln1"] = f"{block.format(i)}.{ln1}"
-        names[f"blocks.{i}.ln2"] = f"{block.format(i)}.{ln2}"
-    return names
 
 
 def require(cond: bool, msg: str) -> None:

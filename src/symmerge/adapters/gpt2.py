@@ -20,7 +20,6 @@ from .base import (
     final_norm_to_canonical,
     fold_attention,
     make_mean_free,
-    norm_slots,
     require,
 )
 
@@ -82,9 +81,6 @@ class GPT2Adapter(Adapter):
             f"{hf}.mlp.c_fc.weight": params[f"{p}.mlp.W_in"].T, f"{hf}.mlp.c_fc.bias": params[f"{p}.mlp.b_in"],
             f"{hf}.mlp.c_proj.weight": params[f"{p}.mlp.W_out"].T, f"{hf}.mlp.c_proj.bias": params[f"{p}.mlp.b_out"],
         }
-
-    def norm_names(self, s):
-        return norm_slots(s, "transformer.h.{}", "ln_1", "ln_2", "transformer.ln_f")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

@@ -23,7 +23,6 @@ from .base import (
     final_norm_to_canonical,
     fold_attention,
     make_mean_free,
-    norm_slots,
     require,
     rotary_dims,
 )
@@ -98,9 +97,6 @@ class GPTNeoXAdapter(Adapter):
             f"{hf}.mlp.dense_h_to_4h.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.dense_h_to_4h.bias": params[f"{p}.mlp.b_in"],
             f"{hf}.mlp.dense_4h_to_h.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.dense_4h_to_h.bias": params[f"{p}.mlp.b_out"],
         }
-
-    def norm_names(self, s):
-        return norm_slots(s, "gpt_neox.layers.{}", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

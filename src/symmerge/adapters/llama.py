@@ -20,7 +20,6 @@ from .base import (
     attention_from_canonical,
     attention_to_canonical,
     final_norm_to_canonical,
-    norm_slots,
     require,
     rotary_dims,
 )
@@ -118,9 +117,6 @@ class LlamaAdapter(Adapter):
 
     def block_from_canonical(self, params, s, i):
         return decoder_block_from_canonical(params, s, i, norm_weights=True)
-
-    def norm_names(self, s):
-        return norm_slots(s, "model.layers.{}", "input_layernorm", "post_attention_layernorm", "model.norm")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

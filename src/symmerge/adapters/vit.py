@@ -22,7 +22,6 @@ from .base import (
     final_norm_to_canonical,
     fold_attention,
     make_mean_free,
-    norm_slots,
     require,
 )
 
@@ -106,9 +105,6 @@ class ViTAdapter(Adapter):
             f"{hf}.mlp.fc2.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.fc2.bias": params[f"{p}.mlp.b_out"],
         })
         return sd
-
-    def norm_names(self, s):
-        return norm_slots(s, "vit.layers.{}", "layernorm_before", "layernorm_after", "vit.layernorm")
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)
