@@ -190,6 +190,8 @@ CASES = [
                                                _p(c, "text")], "different tokenizer.json"),
     ("barrier2-simplex-option", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), "--data", _p(c, "text"), "--weights",
                                               "0.5,0.5"], "three or more"),
+    ("transform-out-dtype-unknown", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--out-dtype", "float8"], "invalid choice"),
+    ("align-out-dtype-unknown", lambda c, o: ["align", _p(c, "a"), _p(c, "b"), "-o", o, "--out-dtype", "int8"], "invalid choice"),
 ]
 
 
