@@ -146,3 +146,24 @@ def test_norms_without_parameters_have_no_gauge(model_dirs):
     """OLMo-1's LayerNorm has no weight or bias: its gauge is empty and the export is canonical form."""
     assert Gauge.of(model_dirs["olmo"]).norms == {}
     assert set(Gauge.of(model_dirs["llama"]).norms) == {"final", "blocks.0.ln1", "blocks.0.ln2", "blocks.1.ln1", "blocks.1.ln2"}
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox"])
+def test_merge_aligned_endpoints_average_to_out(tmp_path, arch):
+    """merge --aligned DIR: the endpoints are in the first input's gauge, so their plain weighted average
+    (what DIR/mergekit.yml asks mergekit for) is OUT; merge --out-dtype casts both."""
+    paths = []
+    for seed in range(3):
+        paths.append(tmp_path / f"m{seed}")
+        make_model(arch, seed=seed).save_pretrained(paths[-1])
+    out, aligned = tmp_path / "out", tmp_path / "aligned"
+    assert main(["merge", *map(str, paths), "-o", str(out), "--aligned", str(aligned), "--weights", "0.5,0.3,0.2"]) == 0
+    assert "weight: 0.3" in (aligned / MERGEKIT_FILE).read_text()
+    ends = [_stock(aligned / str(i), arch) for i in (1, 2, 3)]
+    mean = ends[0]
+    sds = [m.state_dict() for m in ends]
+    mean.load_state_dict({k: 0.5 * sds[0][k] + 0.3 * sds[1][k] + 0.2 * sds[2][k] for k in sds[0]})
+    x = example_inputs(arch)
+    assert_close(logits(mean, x), logits(_stock(out, arch), x))
+    for i, p in enumerate(paths, start=1):
+        assert_close(logits(_stock(aligned / str(i), arch), x), logits(_stock(p, arch), x))

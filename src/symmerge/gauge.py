@@ -164,17 +164,18 @@ def export_part(adapter, s, params: Params, gauge: Gauge | None, key) -> Params:
 MERGEKIT_FILE = "mergekit.yml"
 
 
-def mergekit_config(models: list, base, dtype: str) -> str:
-    """A mergekit `linear` config of the midpoint of `models` (checkpoint folders, absolute paths), with
-    `base_model` set so that mergekit takes that model's config instead of one of the inputs' at random."""
+def mergekit_config(models: list, base, dtype: str, weights: list[float] | None = None) -> str:
+    """A mergekit `linear` config of the weighted mean of `models` (checkpoint folders, absolute paths;
+    default the midpoint), with `base_model` set so that mergekit takes that model's config instead of
+    one of the inputs' at random."""
     import json as _json
 
     q = lambda p: _json.dumps(str(p))  # noqa: E731 - a JSON string is a YAML string
     lines = ["# mergekit-yaml mergekit.yml MERGED: the plain average that symmerge's gauge makes equal to",
              "# `symmerge interpolate` at lam 0.5 (the aligned model is written in the gauge of the first)",
              "merge_method: linear", f"base_model: {q(base)}", f"dtype: {dtype}", "models:"]
-    for m in models:
-        lines += [f"  - model: {q(m)}", "    parameters:", f"      weight: {1.0 / len(models)}"]
+    for m, w in zip(models, weights or [1.0 / len(models)] * len(models)):
+        lines += [f"  - model: {q(m)}", "    parameters:", f"      weight: {w!r}"]
     return "\n".join(lines) + "\n"
 
 
@@ -189,9 +190,9 @@ def mergekit_base(reference, output, out_tied: bool = False):
     return Path(reference if tied == out_tied else output).resolve()
 
 
-def side_files(models: list, base, dtype) -> dict[str, str]:
-    """{"mergekit.yml": the config of the midpoint of `models`} to write beside an aligned output."""
+def side_files(models: list, base, dtype, weights: list[float] | None = None) -> dict[str, str]:
+    """{"mergekit.yml": the config of the (weighted) mean of `models`} to write beside aligned outputs."""
     from pathlib import Path
 
     name = str(dtype).replace("torch.", "")
-    return {MERGEKIT_FILE: mergekit_config([Path(m).resolve() for m in models], base, name)}
+    return {MERGEKIT_FILE: mergekit_config([Path(m).resolve() for m in models], base, name, weights)}

@@ -96,8 +96,10 @@ class MeanView:
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
                  families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
-                 progress: bool = False) -> dict:
-    """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report.
+                 progress: bool = False, dtype=None) -> dict:
+    """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report. `dtype`:
+    of the outputs (default: the first input's). The aligned models are written in the norm gauge of the
+    first input (`gauge.py`), so that their plain weighted average (DIR/mergekit.yml) is OUT.
 
     `families`: "default" for the spec's default families (`Spec.default_families`), None for every
     group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}."""
@@ -126,20 +128,28 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
            "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
     meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}
     write_streaming(MeanView(models, result.elements, w), lambda part: part, out, force=force, extra=meta,
-                    progress=progress)
+                    progress=progress, dtype=dtype)
     if aligned is not None:
-        _write_aligned(models, result.elements, aligned, force, meta, progress)
+        _write_aligned(models, result.elements, aligned, force, meta, progress, w, dtype)
     return rep
 
 
-def _write_aligned(models, elements, folder, force: bool, meta: dict, progress: bool) -> None:
-    """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), atomically."""
+def _write_aligned(models, elements, folder, force: bool, meta: dict, progress: bool, weights: list[float],
+                   dtype=None) -> None:
+    """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), atomically,
+    in the norm gauge of the first input; `folder/mergekit.yml` is their weighted mean."""
+    from .gauge import Gauge, side_files
     from .io import AtomicFolder, prepare_output
     from .stream import write_streaming
 
     folder = prepare_output(folder, force)
+    gauge = Gauge.of(models[0].path)
     with AtomicFolder(folder) as tmp:
+        if gauge is not None:
+            outs = [Path(folder).resolve() / str(i) for i in range(1, len(models) + 1)]
+            for name, text in side_files(outs, outs[0], dtype or models[0].dtype, weights).items():
+                (tmp / name).write_text(text)
         for i, (m, g) in enumerate(zip(models, elements), start=1):
             extra = {**m.meta, "merge_aligned": {**meta["merge"], "index": i, "input": str(m.path)}}
             write_streaming(m, lambda part, m=m, g=g: apply(m.spec, g, part), tmp / str(i), extra=extra,
-                            progress=progress)
+                            progress=progress, gauge=gauge, dtype=dtype)

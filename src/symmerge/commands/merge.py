@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..match import registry
 from ..spec import FAMILIES
+from . import out_dtype
 from .checks import at_least, check_report_file
 
 
@@ -25,6 +26,7 @@ def register(sub) -> None:
         _add(p, opt, opt.help)
     p.add_argument("--json", default=None, help="write the report (objective per round, rounds, groups found) here")
     p.add_argument("--force", action="store_true", help="replace non-empty output folders")
+    out_dtype.add_argument(p)
     p.set_defaults(run=run)
 
 
@@ -47,7 +49,7 @@ def run(args) -> int:
 
         families = parse_groups(args.groups)
     rep = merge_models(args.models, args.out, parse_weights(args.weights), args.method, families, args.aligned,
-                       args.force, vars(args), progress=True)
+                       args.force, vars(args), progress=True, dtype=out_dtype.resolve(args))
     if args.json:
         write(args.json, "merge", rep)
     h = rep["objective"]
