@@ -62,6 +62,33 @@ def test_default_families_are_all_but_the_residual_scale(arch):
     assert "residual_rotation" in spec.default_families()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_role_queries_name_each_group_once(arch):
+    """The spec's role queries, checked against the families and structure the groups carry: every block
+    group has exactly one role, optional roles exist exactly when the shape has them (GQA, gated MLP)."""
+    config = make_config(arch)
+    spec = build_spec(adapter_for(config).shape(config))
+    s = spec.shape
+    family = {"heads": "head_perm", "query_heads": "head_perm", "qk": "qk_map", "ov": "ov_map", "ffn": "ffn_perm",
+              "glu": "glu_scale"}
+    for i in range(s.n_layers):
+        roles = spec.layer_roles(i)
+        named = {role: n for role, n in vars(roles).items() if n is not None}
+        assert sorted(named.values()) == sorted(n for n, g in spec.groups.items() if g.layer == i)
+        assert all(spec.groups[n].family == family[role] for role, n in named.items())
+        assert not spec.groups[roles.heads].batch
+        assert (roles.query_heads is not None) == (s.q_per_kv > 1) and (roles.glu is not None) == s.gated
+        assert roles.head_maps == (roles.qk, roles.ov)
+        assert roles.head_permutations == tuple(n for n in (roles.heads, roles.query_heads) if n)
+        assert [n for n in named.values() if spec.in_head_circuit(n)] == [*roles.head_permutations, *roles.head_maps]
+        assert [n for n in named.values() if spec.is_head_permutation(n)] == list(roles.head_permutations)
+    scale = [n for n, g in spec.groups.items() if g.family == "residual_scale"]
+    assert spec.residual_scales(spec.groups) == scale and len(scale) == int(s.eps_in_config)
+    assert spec.includes_residual_scale(spec.select(None)) == s.eps_in_config
+    assert not spec.includes_residual_scale(spec.select(spec.default_families()))
+    assert not any(spec.in_head_circuit(n) or spec.is_head_permutation(n) for n, g in spec.groups.items() if g.layer is None)
+
+
 def test_reports_are_stamped():
     """The stamps come first and the payload's keys follow unchanged; a payload may not redefine a stamp."""
     payload = {"method": "weight", "objective": [0.5, 0.75]}

@@ -14,7 +14,7 @@ Batched groups (one map per KV group) name the tensor axes that run along their 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 
 import torch
 
@@ -23,11 +23,22 @@ from . import groups as G
 from .rotary import LAYOUTS
 from .shape import ModelShape
 
-FAMILIES = ("residual_rotation", "residual_perm", "residual_scale", "head_perm", "qk_map", "ov_map", "ffn_perm",
-            "glu_scale")
+# The families: what `--groups` selects. These constants are the one place their names are written;
+# code outside this module and the adapters asks the role queries below (`Spec.layer_roles`, ...).
+RESIDUAL_ROTATION = "residual_rotation"
 #: the residual rotation restricted to permutation matrices: the residual group of permutation-only matching
 #: (the "permutations only" rows of Theus et al. 2025); selecting it restricts the spec (`Spec.restricted`)
 RESIDUAL_PERM = "residual_perm"
+RESIDUAL_SCALE = "residual_scale"
+HEAD_PERM, QK_MAP, OV_MAP = "head_perm", "qk_map", "ov_map"
+FFN_PERM, GLU_SCALE = "ffn_perm", "glu_scale"
+FAMILIES = (RESIDUAL_ROTATION, RESIDUAL_PERM, RESIDUAL_SCALE, HEAD_PERM, QK_MAP, OV_MAP, FFN_PERM, GLU_SCALE)
+#: a layer's head circuit: the head permutations (KV groups, query heads inside them) and the per-head QK
+#: and OV maps they re-index. The maps are only defined relative to a matching of heads, so weight matching
+#: solves the circuit as one step, heads first (`match/weight_steps.py`).
+HEAD_CIRCUIT = (HEAD_PERM, QK_MAP, OV_MAP)
+#: the names of the residual groups (the residual rotation keeps its name when restricted to permutations)
+ROTATION, SCALE = "residual.rotation", "residual.scale"
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,43 @@ class Action:
     axis: int
     how: str = "g"  # "g" | "inv_t" | "sq"
     batch_axes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LayerRoles:
+    """The names of one block's groups by the role each plays; None where the model has no such group.
+
+    heads:       the head permutation: KV groups (every head, without GQA) move as units;
+    query_heads: the permutation of the query heads inside each KV group (GQA only), indexed by `heads`;
+    qk:          the per-head QK map (queries by G, keys by G^{-T}), indexed by `heads`;
+    ov:          the per-head OV map (values by G, the output projection by G^{-T}), indexed by `heads`;
+    ffn:         the permutation of the FFN hidden units;
+    glu:         the GLU scale of the hidden units (gated MLPs only), indexed by `ffn`.
+
+    The names are the spec's whether or not a selection chose the groups (`Spec.select` says which were)."""
+
+    heads: str | None = None
+    query_heads: str | None = None
+    qk: str | None = None
+    ov: str | None = None
+    ffn: str | None = None
+    glu: str | None = None
+
+    @property
+    def head_maps(self) -> tuple[str, ...]:
+        """The head-internal maps the layer has, QK before OV."""
+        return tuple(n for n in (self.qk, self.ov) if n is not None)
+
+    @property
+    def head_permutations(self) -> tuple[str, ...]:
+        """The layer's head permutations: `heads`, then `query_heads` when the model has GQA."""
+        return tuple(n for n in (self.heads, self.query_heads) if n is not None)
+
+
+def _layer_names(i: int) -> LayerRoles:
+    """The names the builder gives block i's groups, by role (the one place they are spelt)."""
+    p = f"blocks.{i}"
+    return LayerRoles(f"{p}.heads", f"{p}.qheads", f"{p}.qk", f"{p}.ov", f"{p}.ffn", f"{p}.glu")
 
 
 @dataclass
@@ -57,18 +105,46 @@ class Spec:
         (0.157 -> 0.396 there); learned, the scale lets the interpolation collapse onto one endpoint (the
         midpoint of A and c·B computes B's function as c grows, by scale invariance), which lowers the
         measured barrier without merging anything. Name it (`--groups all`) to undo a planted scale."""
-        return [f for f in self.families() if f != "residual_scale"]
+        return [f for f in self.families() if f != RESIDUAL_SCALE]
+
+    # --- role queries: what a group is for, asked instead of testing family names -----------------------
+
+    def layer_roles(self, i: int) -> LayerRoles:
+        """Block i's groups by role (see `LayerRoles`); roles the model lacks are None."""
+        return LayerRoles(*(n if n in self.groups else None for n in astuple(_layer_names(i))))
+
+    def is_residual_scale(self, name: str) -> bool:
+        """Whether group `name` is the residual scale: one positive number multiplying every writer of the
+        stream (and the normalisation eps by its square), invisible to every normalised activation."""
+        return self.groups[name].family == RESIDUAL_SCALE
+
+    def residual_scales(self, names) -> list[str]:
+        """The residual-scale groups among the group names `names`, in their order (empty when none)."""
+        return [n for n in names if self.is_residual_scale(n)]
+
+    def includes_residual_scale(self, names) -> bool:
+        """Whether a selection (group names, e.g. `select`'s) includes the residual scale."""
+        return bool(self.residual_scales(n for n in names if n in self.groups))
+
+    def in_head_circuit(self, name: str) -> bool:
+        """Whether group `name` belongs to its layer's head circuit (`HEAD_CIRCUIT`): a head permutation or a
+        per-head QK or OV map."""
+        return self.groups[name].family in HEAD_CIRCUIT
+
+    def is_head_permutation(self, name: str) -> bool:
+        """Whether group `name` permutes attention heads: a layer's KV groups or the query heads inside them."""
+        return self.groups[name].family == HEAD_PERM
 
     def restricted(self, families: list[str] | None) -> Spec:
         """This spec, with the residual rotation restricted to permutation matrices when `families` names
         residual_perm. Permutations fix the all-ones vector, so LayerNorm models admit them too; the group
         keeps its name, so elements of the restricted spec act through the same actions."""
-        rot = self.groups.get("residual.rotation")
+        rot = self.groups.get(ROTATION)
         if not families or RESIDUAL_PERM not in families or rot is None or rot.family == RESIDUAL_PERM:
             return self
-        if "residual_rotation" in families:
-            raise SymmergeError("residual_perm is the residual rotation restricted to permutations: "
-                                "choose residual_rotation or residual_perm, not both")
+        if RESIDUAL_ROTATION in families:
+            raise SymmergeError(f"{RESIDUAL_PERM} is the residual rotation restricted to permutations: "
+                                f"choose {RESIDUAL_ROTATION} or {RESIDUAL_PERM}, not both")
         perm = replace(rot, family=RESIDUAL_PERM, constraints=("permutation_matrix",),
                        note="the residual rotation restricted to permutation matrices (permutation-only matching)")
         return Spec(self.shape, {**self.groups, perm.name: perm}, self.actions, self.notes)
@@ -104,11 +180,10 @@ def _residual_groups(s: ModelShape, groups: dict, notes: list) -> None:
         if s.centred
         else "RMS normalisation commutes with every orthogonal map"
     )
-    groups["residual.rotation"] = G.Group("residual.rotation", "residual_rotation", "orthogonal", s.d_model,
-                                          constraints=fixes, note=why)
+    groups[ROTATION] = G.Group(ROTATION, RESIDUAL_ROTATION, "orthogonal", s.d_model, constraints=fixes, note=why)
     if s.eps_in_config:
-        groups["residual.scale"] = G.Group(
-            "residual.scale", "residual_scale", "scalar", 1, constraints=("positive",),
+        groups[SCALE] = G.Group(
+            SCALE, RESIDUAL_SCALE, "scalar", 1, constraints=("positive",),
             note="normalisation is scale invariant; exact because the config's eps becomes a^2 eps",
         )
     else:
@@ -116,46 +191,46 @@ def _residual_groups(s: ModelShape, groups: dict, notes: list) -> None:
 
 
 def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
-    p = f"blocks.{i}"
+    r = _layer_names(i)
     nkv, dh = s.n_kv_heads, s.d_head
     clip = ("signed_permutation",) if s.clip_qkv is not None else ()
     clip_note = " (clip_qkv clamps q, k, v elementwise: only signed permutations commute with it)" if clip else ""
-    groups[f"{p}.heads"] = G.Group(f"{p}.heads", "head_perm", "permutation", nkv, layer=i,
+    groups[r.heads] = G.Group(r.heads, HEAD_PERM, "permutation", nkv, layer=i,
                                    note="attention heads are summed" + (" (KV groups move as units)" if s.q_per_kv > 1 else ""))
     if s.q_per_kv > 1:
-        groups[f"{p}.qheads"] = G.Group(f"{p}.qheads", "head_perm", "permutation", s.q_per_kv, batch=(nkv,), layer=i,
-                                        indexed_by=f"{p}.heads", note="query heads sharing a KV head")
+        groups[r.query_heads] = G.Group(r.query_heads, HEAD_PERM, "permutation", s.q_per_kv, batch=(nkv,), layer=i,
+                                        indexed_by=r.heads, note="query heads sharing a KV head")
     rope = ("rope",) if s.rotary_dims else ()
-    groups[f"{p}.qk"] = G.Group(
-        f"{p}.qk", "qk_map", "invertible", dh, batch=(nkv,), constraints=rope + clip, layer=i,
-        rotary_dims=s.rotary_dims, rotary_layout=s.rotary_layout, indexed_by=f"{p}.heads",
+    groups[r.qk] = G.Group(
+        r.qk, QK_MAP, "invertible", dh, batch=(nkv,), constraints=rope + clip, layer=i,
+        rotary_dims=s.rotary_dims, rotary_layout=s.rotary_layout, indexed_by=r.heads,
         note=("q k^T is unchanged; commutes with RoPE: scaled rotations on rotary pairs" if rope else "q k^T is unchanged")
         + (", full on the other dims" if rope and s.rotary_dims < dh else "")
         + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
     )
-    groups[f"{p}.ov"] = G.Group(
-        f"{p}.ov", "ov_map", "invertible", dh, batch=(nkv,), constraints=clip, layer=i, indexed_by=f"{p}.heads",
+    groups[r.ov] = G.Group(
+        r.ov, OV_MAP, "invertible", dh, batch=(nkv,), constraints=clip, layer=i, indexed_by=r.heads,
         note="values are mixed linearly" + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
     )
-    groups[f"{p}.ffn"] = G.Group(f"{p}.ffn", "ffn_perm", "permutation", s.d_mlp, layer=i,
+    groups[r.ffn] = G.Group(r.ffn, FFN_PERM, "permutation", s.d_mlp, layer=i,
                                  note="the activation acts elementwise")
     if s.gated:
-        groups[f"{p}.glu"] = G.Group(f"{p}.glu", "glu_scale", "diagonal", s.d_mlp, layer=i, indexed_by=f"{p}.ffn",
+        groups[r.glu] = G.Group(r.glu, GLU_SCALE, "diagonal", s.d_mlp, layer=i, indexed_by=r.ffn,
                                      note="act(gate) * up is linear in up")
 
 
 def _residual_actions(s: ModelShape, axis: int, reader: bool, scaled: bool = True) -> list[Action]:
     if reader:
-        return [Action("residual.rotation", axis, "inv_t")]
-    acts = [Action("residual.rotation", axis, "g")]
+        return [Action(ROTATION, axis, "inv_t")]
+    acts = [Action(ROTATION, axis, "g")]
     if scaled and s.eps_in_config:
-        acts.append(Action("residual.scale", axis, "g"))
+        acts.append(Action(SCALE, axis, "g"))
     return acts
 
 
 def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     p = f"blocks.{i}"
-    H, QH, QK, OV, FFN, GLU = (f"{p}.{x}" for x in ("heads", "qheads", "qk", "ov", "ffn", "glu"))
+    H, QH, QK, OV, FFN, GLU = astuple(_layer_names(i))
     qh = [Action(QH, 1, "g", (0,))] if s.q_per_kv > 1 else []
     glu = [Action(GLU, 0, "g")] if s.gated else []
     a = {
@@ -219,7 +294,7 @@ def build_spec(s: ModelShape) -> Spec:
         "final.b_norm": _residual_actions(s, 0, False, scaled=False),
         "head.W_U": _residual_actions(s, 1, True),  # [vocab | classes, d_model]
         "head.b_U": [],
-        "norm.eps": [Action("residual.scale", 0, "sq")] if s.eps_in_config else [],
+        "norm.eps": [Action(SCALE, 0, "sq")] if s.eps_in_config else [],
     }
     for i in range(s.n_layers):
         actions.update(_block_actions(s, i))

@@ -38,14 +38,12 @@ from .. import SymmergeError
 from .. import groups as G
 from ..evaluate import model_inputs
 from ..model import Model, build_hf_model, export_state_dict
+from ..spec import ROTATION
 from .costs import touching
 from .solvers import best_rotation, linear_assignment, solve_map
 from .weight import MatchResult
 from .weight_state import State, scatter
 from .weight_steps import assign_heads, solve_scaling
-
-#: the spec's name of the residual rotation (restricted to permutations it keeps the name)
-ROTATION = "residual.rotation"
 
 
 def _hf_model(model: Model):
@@ -142,7 +140,7 @@ def _map_sides(spec, params, x: torch.Tensor, group: str, rot: str, scale: float
     for name, a in touching(spec, group).items():
         acts = spec.actions[name]
         h = _term(params[name], a, next((b.axis for b in acts if b.group == rot), None), x)
-        if any(spec.groups[b.group].family == "residual_scale" for b in acts):
+        if spec.includes_residual_scale(b.group for b in acts):
             h = h / scale
         out[a.how] = out[a.how] + h if a.how in out else h
     return out
@@ -168,13 +166,9 @@ def _corr(ha: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
     return za @ zb.T / max(ha.shape[1] - 1, 1)
 
 
-def _layer(spec, i, kind):
-    return next((n for n, g in spec.groups.items() if g.layer == i and g.family == kind and not (
-        kind == "head_perm" and g.batch)), None)
-
-
 def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
-    ffn, glu = _layer(spec, i, "ffn_perm"), _layer(spec, i, "glu_scale")
+    roles = spec.layer_roles(i)
+    ffn, glu = roles.ffn, roles.glu
     ha, hb = acts_a[("ffn", i)], acts_b[("ffn", i)]
     corr = _corr(ha, hb)
     use_glu = glu is not None and glu in chosen
@@ -191,7 +185,7 @@ def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
 def _writer_scale(a: Model, b: Model, chosen) -> float:
     """B's residual scale relative to A's when it is being matched: `sqrt(eps_B / eps_A)` (writers move by
     the scale, the normalisation eps by its square, the normalised stream not at all), else 1."""
-    if not any(n in chosen and g.family == "residual_scale" for n, g in b.spec.groups.items()):
+    if not b.spec.includes_residual_scale(chosen):
         return 1.0
     ea, eb = a.params.get("norm.eps"), b.params.get("norm.eps")
     ok = ea is not None and eb is not None and float(ea) > 0 and float(eb) > 0
@@ -199,8 +193,8 @@ def _writer_scale(a: Model, b: Model, chosen) -> float:
 
 
 def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i, rot) -> None:
-    top = _layer(spec, i, "head_perm")
-    inner = next((n for n, x in spec.groups.items() if x.indexed_by == top and x.structure.index_vector), None)
+    roles = spec.layer_roles(i)
+    top, inner = roles.heads, roles.query_heads
     s = model_a.shape
     if top in chosen:
         sim = (acts_a[("pattern", i)] @ acts_b[("pattern", i)].T).reshape(s.n_kv_heads, s.q_per_kv, s.n_kv_heads, s.q_per_kv)
@@ -210,9 +204,8 @@ def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i, rot) -> No
     p, inner_p = g[top], (g[inner] if inner else None)
     scale = _writer_scale(model_a, model_b, chosen)
     side = lambda h, how: _flat_q(h[how]) if how in h else torch.zeros(s.n_kv_heads, s.d_head, 0, dtype=G.DTYPE)  # noqa: E731
-    for fam in ("qk_map", "ov_map"):
-        name = _layer(spec, i, fam)
-        if name is None or name not in chosen:
+    for name in roles.head_maps:
+        if name not in chosen:
             continue
         ha = _map_sides(spec, model_a.params, acts_a[("x_attn", i)], name, rot, 1.0)
         hb = _map_sides(spec, model_b.params, acts_b[("x_attn", i)], name, rot, scale)
@@ -243,7 +236,7 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
     st = State(spec, a.params, b.params, {n: G.identity(x) for n, x in spec.groups.items()})
     history = [st.similarity()]
     st.g = g
-    for name in [n for n in chosen if spec.groups[n].family == "residual_scale"]:  # invisible to the data
+    for name in spec.residual_scales(chosen):  # invisible to the data
         st.g = solve_scaling(st, name, None)
     st = State(spec, a.params, b.params, st.g)
     history.append(st.similarity())

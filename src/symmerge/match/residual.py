@@ -21,11 +21,9 @@ import math
 import torch
 
 from .. import groups as G
-from ..spec import Spec
+from ..spec import ROTATION, SCALE, Spec
 from .costs import along
 from .solvers import best_rotation
-
-ROTATION, SCALE = "residual.rotation", "residual.scale"
 
 
 def sqnorm(x: torch.Tensor) -> float:

@@ -16,14 +16,13 @@ from . import costs
 from .solvers import best_scale, linear_assignment, solve_map
 from .weight_state import State, scatter, without
 
-HEAD_FAMILIES = ("head_perm", "qk_map", "ov_map")
 
 def schedule(spec: Spec, chosen: set[str]) -> list[list[str]]:
     """Steps of one sweep: lists of groups solved together (a layer's attention groups form one step)."""
     steps = [[n] for n, g in spec.groups.items() if g.layer is None and n in chosen]
     for i in range(spec.shape.n_layers):
         layer = [n for n, g in spec.groups.items() if g.layer == i and n in chosen]
-        heads = [n for n in layer if spec.groups[n].family in HEAD_FAMILIES]
+        heads = [n for n in layer if spec.in_head_circuit(n)]
         if heads:
             steps.append(heads)
         steps += [[n] for n in layer if n not in heads]
@@ -81,11 +80,10 @@ def _solve_permutation(st: State, name: str, allowed) -> dict:
 def _head_perms(st: State, names: list[str], bp: dict, chosen: set[str]) -> dict:
     """Head (KV group) permutation and query-head permutations from circuit similarities."""
     spec = st.spec
-    top = next(n for n in names if spec.groups[n].family == "head_perm" and not spec.groups[n].batch)
-    inner = next((n for n in spec.groups if spec.groups[n].indexed_by == top and spec.groups[n].structure.index_vector), None)
-    maps = [n for n, g in spec.groups.items() if g.indexed_by == top and not g.structure.index_vector]
+    roles = spec.layer_roles(spec.groups[names[0]].layer)
+    top, inner = roles.heads, roles.query_heads
     sim = 0.0
-    for m in maps:
+    for m in roles.head_maps:
         sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
         q_axis = (lambda x: x) if inner is not None else (lambda x: x.unsqueeze(1))  # [h, q, n, m]
         sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]))
@@ -115,11 +113,11 @@ def _solve_heads(st: State, names: list[str], allowed, chosen: set[str]) -> dict
     """A layer's attention groups: permutations by circuits, then each map inside the matched heads."""
     spec = st.spec
     layer = spec.groups[names[0]].layer
-    block = [n for n, g in spec.groups.items() if g.layer == layer and g.family in HEAD_FAMILIES]
+    block = [n for n, g in spec.groups.items() if g.layer == layer and spec.in_head_circuit(n)]
     touched = sorted({t for n in block for t in costs.touching(spec, n)} & set(st.A))
     g0 = without(st.g, block)
     perms = {n: st.g[n] for n in block if spec.groups[n].structure.index_vector}
-    if any(spec.groups[n].family == "head_perm" for n in names):
+    if any(spec.is_head_permutation(n) for n in names):
         perms = _head_perms(st, names, st.moved(touched, g0), chosen)
     cand = {**st.g, **perms}
     bq = st.moved(touched, {**g0, **perms})  # B's heads in A's order, maps not applied
@@ -136,20 +134,27 @@ def _solve_heads(st: State, names: list[str], allowed, chosen: set[str]) -> dict
 # --- one sweep ----------------------------------------------------------------------------------------
 
 
-def _kind(spec: Spec, step: list[str]) -> str:
+#: the kinds of step, which pick the solver and name the reports' `seconds_by_step_kind` entries
+ATTENTION, PERMUTATION, SCALING = "attention", "permutation", "scaling"
+
+
+def _step_kind(spec: Spec, step: list[str]) -> str:
+    """ATTENTION for a layer's head circuit (one step, `_solve_heads`); for one other group, PERMUTATION when
+    its kind's solver (`kinds.Kind.solver`) is the assignment (the FFN permutation), SCALING otherwise
+    (the GLU scales' closed form)."""
     grp = spec.groups[step[0]]
-    if len(step) > 1 or grp.family in HEAD_FAMILIES:
-        return "attention"
-    return "permutation" if grp.structure.solver == "assignment" else "scaling"
+    if len(step) > 1 or spec.in_head_circuit(step[0]):
+        return ATTENTION
+    return PERMUTATION if grp.structure.solver == "assignment" else SCALING
 
 
 def _step(st: State, step: list[str], solved: set[str], chosen: set[str], first: bool) -> bool:
     spec = st.spec
-    kind = _kind(spec, step)
+    step_kind = _step_kind(spec, step)
     allowed = _allowed(spec, step[0], solved, chosen) if first and len(step) == 1 else None
-    if kind == "attention":
+    if step_kind == ATTENTION:
         cand = _solve_heads(st, step, allowed, chosen)
-    elif kind == "permutation":
+    elif step_kind == PERMUTATION:
         cand = _solve_permutation(st, step[0], allowed)
     else:
         cand = solve_scaling(st, step[0], allowed)
@@ -157,14 +162,15 @@ def _step(st: State, step: list[str], solved: set[str], chosen: set[str], first:
     return st.offer(touched, cand, allowed)
 
 
-def descend(st: State, chosen: set[str], first: bool, by_kind: dict) -> tuple[int, int]:
-    """One sweep of coordinate descent over the chosen groups acting on `st`'s tensors: (steps, rejected)."""
+def descend(st: State, chosen: set[str], first: bool, seconds_by_step_kind: dict) -> tuple[int, int]:
+    """One sweep of coordinate descent over the chosen groups acting on `st`'s tensors: (steps, rejected).
+    Each step's wall time is added to `seconds_by_step_kind[its step kind]`."""
     solved, count, rejected = set(), 0, 0
     for step in schedule(st.spec, chosen):
         t0 = time.perf_counter()
         rejected += not _step(st, step, solved, chosen, first)
-        kind = _kind(st.spec, step)
-        by_kind[kind] = by_kind.get(kind, 0.0) + time.perf_counter() - t0
+        step_kind = _step_kind(st.spec, step)
+        seconds_by_step_kind[step_kind] = seconds_by_step_kind.get(step_kind, 0.0) + time.perf_counter() - t0
         solved.update(step)
         count += 1
     return count, rejected
