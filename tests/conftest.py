@@ -35,6 +35,17 @@ def model_dirs(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a whole module of tiny matrix ops, where thread hand-offs cost more than the
+    arithmetic; the previous count is restored when the module ends. A module opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

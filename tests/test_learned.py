@@ -29,13 +29,7 @@ from symmerge.spec import random_element
 CONTINUOUS = ["residual_rotation", "qk_map", "ov_map"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: thread hand-offs cost more than the arithmetic."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,7 @@ GROUPS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These are many tiny matrix ops: thread hand-offs would cost more than the arithmetic."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 CASES = [(n, m) for n, g in GROUPS.items() for m in ADMITS.get(g.kind, ("log",))]
