@@ -46,7 +46,7 @@ class Group:
     """One factor of a model's symmetry group.
 
     name: unique within a spec, e.g. "blocks.3.qk".
-    family: what `--groups` selects, e.g. "qk_map"; several groups (one per layer) share a family.
+    family: what `--groups` selects, e.g. `spec.QK_MAP`; several groups (one per layer) share a family.
     kind, constraints: see `STRUCTURES`; resolved into `structure` when the record is built.
     batch: independent copies (one map per KV group: `(n_kv,)`), `()` for one map.
     rotary_dims, rotary_layout: for the "rope" constraint, the leading dimensions of each head that
