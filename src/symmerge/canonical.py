@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import torch
 
+#: residual-space tensors added *after* a normalisation (they turn with the stream but do not scale with it)
+POST_NORM = ("final.b_norm",)
+
 
 def fold_norm(w: torch.Tensor, b: torch.Tensor | None, gamma: torch.Tensor, beta: torch.Tensor | None):
     """Fold `x -> n * gamma + beta` into the reader `y = x W^T + b`; W: [out, d_model]."""

@@ -68,6 +68,9 @@ class Adapter:
     #: (pattern, replacement) pairs giving the names stock `save_pretrained` writes, where they differ from
     #: the class's own (other tools, e.g. mergekit, look tensors up by the saved names)
     save_renames: tuple[tuple[str, str], ...] = ()
+    #: config keys outside `ModelShape` that change the forward: two checkpoints written one in the
+    #: other's shape (`symmerge expand`) must agree on them
+    function_keys: tuple[str, ...] = ()
 
     # --- to implement ---
     def shape(self, config) -> ModelShape:
@@ -110,7 +113,32 @@ class Adapter:
             names[f"blocks.{i}.ln2"] = next(n for n in h.norms if n != h.attn_norm)
         return names
 
+    def score_scale(self, config, s: ModelShape) -> float:
+        """The factor the stock attention multiplies `q . k` by (1/sqrt(d_head) unless the class says otherwise)."""
+        return s.d_head ** -0.5
+
     # --- shared ---
+    def rotary_frequencies(self, config, s: ModelShape) -> tuple[torch.Tensor, float] | None:
+        """(inverse frequencies [rotary_dims/2], cos/sin scaling) exactly as the stock forward computes them
+        (float32, from the class's own rotary module), or None without RoPE. Refused for RoPE types that
+        change their frequencies with the sequence length (dynamic, longrope): no fixed values to match."""
+        if not s.rotary_dims:
+            return None
+        import sys
+
+        rope = getattr(config, "rope_parameters", None) or {}
+        kind = rope.get("rope_type", "default")
+        require("dynamic" not in kind and kind != "longrope",
+                f"rope_type {kind!r} changes its frequencies with the sequence length; they cannot be matched")
+        module = sys.modules[_hf_class(s.hf_class).__module__]
+        rotary = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding")]
+        require(len(rotary) == 1, f"internal: {module.__name__} has {len(rotary)} rotary embedding classes")
+        emb = rotary[0](config)
+        inv_freq = emb.inv_freq.detach().clone()
+        require(2 * inv_freq.numel() == s.rotary_dims,
+                f"internal: {s.hf_class} rotates {2 * inv_freq.numel()} dims, the adapter says {s.rotary_dims}")
+        return inv_freq, float(emb.attention_scaling)
+
     def rename(self, key: str) -> str:
         for pattern, repl in self.renames:
             key = re.sub(pattern, repl, key)
@@ -137,6 +165,12 @@ class Adapter:
             params.update(self.block_to_canonical(get, s, i))
         params.update(self.final_to_canonical(get, s))
         return params
+
+
+def _hf_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)
 
 
 def require(cond: bool, msg: str) -> None:

@@ -32,6 +32,11 @@ class GPT2Adapter(Adapter):
     hooks = HookPoints(norms=("transformer.h.{i}.ln_1", "transformer.h.{i}.ln_2"), attn_norm="transformer.h.{i}.ln_1",
                        final_norm="transformer.ln_f", ffn_hidden="transformer.h.{i}.mlp.c_proj")
     tied_head = "lm_head.weight"
+    function_keys = ("scale_attn_by_inverse_layer_idx",)
+
+    def score_scale(self, config, s) -> float:
+        """`scale_attn_weights=False` leaves the scores unscaled."""
+        return s.d_head ** -0.5 if config.scale_attn_weights else 1.0
 
     def shape(self, c) -> ModelShape:
         d, h = c.n_embd, c.n_head

@@ -94,6 +94,7 @@ class LlamaAdapter(Adapter):
     hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
     hooks = DECODER_HOOKS
     tied_head = "lm_head.weight"
+    function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 
     def shape(self, c) -> ModelShape:
         arch = (getattr(c, "architectures", None) or ["LlamaForCausalLM"])[0]

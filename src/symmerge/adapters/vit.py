@@ -29,6 +29,7 @@ from .base import (
 class ViTAdapter(Adapter):
     name = "vit"
     hf_classes = ("ViTForImageClassification",)
+    function_keys = ("image_size", "patch_size", "num_channels")
     renames = (
         (r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.query\.", r"vit.layers.\1.attention.q_proj."),
         (r"^vit\.encoder\.layer\.(\d+)\.attention\.attention\.key\.", r"vit.layers.\1.attention.k_proj."),
