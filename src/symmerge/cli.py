@@ -15,7 +15,7 @@ import threading
 from . import SymmergeError, __version__
 
 #: modules under symmerge.commands, each with register(subparsers)
-COMMANDS = ("inspect", "transform", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
+COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

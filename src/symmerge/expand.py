@@ -8,9 +8,11 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
   `norm_D(a P x) = sqrt(D/d) P norm_d(x)` exactly: writers are multiplied by `a P`, readers by
   `sqrt(d/D) P` (an isometry is its own inverse transpose on its range), the final norm's bias (added
   after normalising, `canonical.POST_NORM`) by `sqrt(D/d) P`, and the canonical eps becomes eps_D.
-  Under LayerNorm `P` maps the ones vector of d to `sqrt(d/D)` times the ones vector of D, so the
-  mean-free stream stays mean-free (P^T 1_D is a multiple of 1_d) and LayerNorm still is RMS
-  normalisation; under RMSNorm `P = [I; 0]`.
+  Under LayerNorm the mean-free stream must stay mean-free (then LayerNorm still is RMS
+  normalisation): `P^T 1_D` must be a multiple of `1_d`. Our `P` also maps the ones vector of d to
+  `sqrt(d/D)` times the ones vector of D, so the wide model's residual rotations (which fix 1_D)
+  act on the expansion as on any wide model; under RMSNorm `P = [I; 0]`. A random isometry breaks it
+  (the tests' negative control).
 - head and FFN slots (head_perm, ffn_perm, glu_scale): zero padding. New units have zero in and out
   weights, new heads zero query, key, value and output maps: they add nothing.
 - head width (qk_map, ov_map): narrow head dimension i lands on wide dimension `head_dims[i]`, zeros
@@ -62,11 +64,6 @@ class Expansion:
     reader_scale: float  # sqrt(d / D)
     score_scale: float  # score_narrow / score_wide, on the query side of every head
     head_dims: torch.Tensor  # [d_head narrow]: where each query/key dimension lands in the wide head
-
-    @property
-    def eps_factor(self) -> float:
-        """What the canonical eps is multiplied by: a^2 d / D = eps_D / eps_d."""
-        return self.writer_scale ** 2 * self.narrow.d_model / self.wide.d_model
 
 
 # --- the plan: checks and the maps -----------------------------------------------------------------
@@ -198,8 +195,8 @@ def expand_params(e: Expansion, wide_spec: Spec, params: Params) -> Params:
         done: set[int] = set()
         for a in wide_spec.actions[name]:
             group = wide_spec.groups[a.group]
-            if a.how == "sq":
-                t = t * e.eps_factor
+            if a.how == "sq":  # the eps: WIDE's, exactly (a^2 d/D eps_d = eps_D up to rounding)
+                t = torch.full_like(t, e.wide.eps)
             elif a.axis not in done:
                 t = _axis_map(e, wide_spec, name, t, a.axis, group.family, a.how, group.size)
                 done.add(a.axis)

@@ -1,0 +1,24 @@
+"""`symmerge expand NARROW --like WIDE -o OUT`: NARROW written in WIDE's config, computing NARROW's function."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("expand", help="write a narrow model as a checkpoint of a wider config (same function)")
+    p.add_argument("narrow", help="checkpoint folder of the narrow model (never modified)")
+    p.add_argument("--like", required=True, metavar="WIDE",
+                   help="checkpoint folder (only its config.json is read) of the wide model's architecture and sizes")
+    p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..expand import expand_checkpoint
+
+    out, e = expand_checkpoint(args.narrow, args.like, args.out, force=args.force, progress=True)
+    n, w = e.narrow, e.wide
+    print(f"wrote {out}: {n.hf_class} d_model {n.d_model} -> {w.d_model}, d_mlp {n.d_mlp} -> {w.d_mlp}, heads "
+          f"{n.n_heads}x{n.d_head} -> {w.n_heads}x{w.d_head} (writer scale {e.writer_scale:.6g}, "
+          f"score scale {e.score_scale:.6g}); same function as {args.narrow}")
+    return 0
