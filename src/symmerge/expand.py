@@ -38,7 +38,7 @@ from . import SymmergeError
 from .adapters import adapter_for
 from .canonical import POST_NORM
 from .io import load_config, prepare_output
-from .model import LazyModel, expected_tensors
+from .model import LazyModel, Model, expected_tensors, part_keys
 from .shape import ModelShape
 from .spec import Spec, build_spec
 
@@ -219,6 +219,44 @@ class ExpandedModel:
 
     def ends(self) -> Params:
         return {**self.part("embed"), **self.part("final")}
+
+    def as_model(self) -> Model:
+        params = {k: v for key in part_keys(self.shape) for k, v in self.part(key).items()}
+        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, dict(self.meta))
+
+
+def expanded_like(narrow, wide_config):
+    """NARROW (a `Model` in memory or a `LazyModel`) in the shape of `wide_config`, of the same kind."""
+    e = plan(narrow.adapter, narrow.config, wide_config)
+    if isinstance(narrow, Model):
+        spec = build_spec(e.wide)
+        return Model(narrow.path, wide_config, narrow.adapter, e.wide, spec, expand_params(e, spec, narrow.params),
+                     narrow.dtype, dict(narrow.meta))
+    return ExpandedModel(narrow, wide_config, e)
+
+
+def widest(a, b, name_a: str = "A", name_b: str = "B"):
+    """(a, b) with the narrower expanded into the other's config when their widths differ (`align`,
+    `interpolate`, `barrier` on mixed widths). Pairs that differ in more than widths, or that neither
+    way expands, are refused: by `merge.check_compatible`'s message, or by the expansion's reason."""
+    from .merge import check_compatible
+
+    widths_differ = any(getattr(a.shape, k) != getattr(b.shape, k) for k in WIDTHS + ("n_heads",))
+    if a.shape.arch != b.shape.arch or not widths_differ:
+        check_compatible(a, b, name_a, name_b)
+        return a, b
+    try:
+        a, b = a, expanded_like(b, a.config)
+    except SymmergeError as to_a:
+        try:
+            a, b = expanded_like(a, b.config), b
+        except SymmergeError:
+            if any(getattr(a.shape, k) != getattr(b.shape, k) for k in SAME):
+                check_compatible(a, b, name_a, name_b)
+            raise SymmergeError(f"{name_a} and {name_b} differ in widths and neither expands into the other: "
+                                f"{name_b} into {name_a}: {to_a}") from None
+    check_compatible(a, b, name_a, name_b)  # one shape now; the preprocessing and the tensors still checked
+    return a, b
 
 
 def check_exported_shapes(model: ExpandedModel) -> None:

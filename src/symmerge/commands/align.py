@@ -77,14 +77,14 @@ def _data(args, matcher, opts) -> registry.Data | None:
 
 def _load_pair(args, families, lazy_dtype=None):
     """Both checkpoints (in memory, or lazily for a streaming matcher), checked to share a group."""
-    from ..merge import check_compatible
+    from ..expand import widest
     from ..model import LazyModel, load_model
 
     if lazy_dtype is None:
         a, b = load_model(args.a), load_model(args.b)
     else:
         a, b = LazyModel(args.a, lazy_dtype), LazyModel(args.b, lazy_dtype)
-    check_compatible(a, b, str(args.a), str(args.b))
+    a, b = widest(a, b, str(args.a), str(args.b))  # mixed widths: the narrower expanded into the wider
     b.spec.select(families)  # unknown or absent families fail here, before any work
     return a, b
 

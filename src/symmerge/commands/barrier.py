@@ -40,7 +40,7 @@ def run(args) -> int:
     from .. import SymmergeError
     from ..barrier import barrier, plot
     from ..data import load_batches
-    from ..merge import check_compatible
+    from ..expand import widest
     from ..model import load_model
 
     if len(args.models) < 2:
@@ -55,7 +55,7 @@ def run(args) -> int:
     check_report_file(args.json, "--json")
     check_report_file(args.plot, "--plot")
     a, b = load_model(args.a), load_model(args.b)
-    check_compatible(a, b)
+    a, b = widest(a, b)  # mixed widths: the narrower expanded into the wider
     batches = load_batches(args.a, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
     result = barrier(a, b, batches, args.points, args.refine)
     result.update({"a": str(args.a), "b": str(args.b), "data": str(args.data), "split": args.split})

@@ -20,14 +20,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..evaluate import interpolate
+    from ..expand import widest
     from ..io import prepare_output
-    from ..merge import check_compatible, check_lambda
+    from ..merge import check_lambda
     from ..model import load_model, save_model
 
     check_lambda(args.lam, args.extrapolate)
     prepare_output(args.out, args.force, [args.a, args.b])
     a, b = load_model(args.a), load_model(args.b)
-    check_compatible(a, b)
+    a, b = widest(a, b)  # mixed widths: the narrower expanded into the wider
     params = interpolate(a.params, b.params, args.lam)
     save_model(a, params, args.out, force=args.force, dtype=out_dtype.resolve(args),
                extra={"interpolate": {"a": str(args.a), "b": str(args.b), "lambda": args.lam}})

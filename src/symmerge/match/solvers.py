@@ -68,7 +68,10 @@ def _sylvester_psd(gx: torch.Tensor, gy: torch.Tensor, rhs: torch.Tensor) -> tor
     denom = ly.clamp_min(0).unsqueeze(-1) + lx.clamp_min(0).unsqueeze(-2)  # [.., i (gy), j (gx)]
     floor = torch.finfo(DTYPE).eps * denom.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-300)
     rot = uy.transpose(-1, -2) @ rhs @ ux
-    return uy @ (rot / denom.clamp_min(floor)) @ ux.transpose(-1, -2)
+    # an eigenpair with no data on either side (denominator below the floor) leaves its entry
+    # undetermined: 0, not rounding noise divided by the floor (`balanced_lstsq` completes it)
+    sol = torch.where(denom >= floor, rot / denom.clamp_min(floor), torch.zeros_like(rot))
+    return uy @ sol @ ux.transpose(-1, -2)
 
 
 def best_scale(p, q, s, t, positive: bool = False) -> torch.Tensor:
@@ -129,7 +132,31 @@ def balanced_lstsq(xa, xb, ya, yb) -> torch.Tensor:
     xa_, xb_, ya_, yb_ = t(u) @ xa, vh @ xb, t(u) @ ya, vh @ yb
     s_new = exact_diagonal(xa_, xb_, ya_, yb_)
     s_new = torch.where(torch.isfinite(s_new), s_new, sv)
-    return u @ torch.diag_embed(s_new) @ vh
+    return _complete_empty(u @ torch.diag_embed(s_new) @ vh, xb, yb, ya)
+
+
+def _null_basis(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis [n, k] of the directions that no column of x [n, m] reaches."""
+    lam, vec = torch.linalg.eigh(x @ x.T)
+    return vec[:, lam <= torch.finfo(DTYPE).eps * lam.amax().clamp_min(torch.finfo(DTYPE).tiny) * x.shape[0]]
+
+
+def _complete_empty(g: torch.Tensor, xb, yb, ya) -> torch.Tensor:
+    """G made invertible on the directions where B has no data on either side (an expanded model's
+    zero-padded head dimensions, `symmerge.expand`): the data leave `G V0` free except that it must be
+    orthogonal to A's reader side (`Ya^T G V0 = Yb^T V0 = 0`), so G maps V0 onto that complement,
+    which is exact for a planted element. Unchanged wherever B has data in every direction."""
+    out = g.clone()
+    flat = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731
+    for i, (gi, xi, yi, ai) in enumerate(zip(flat(g), flat(xb), flat(yb), flat(ya))):
+        v0 = _null_basis(torch.cat([xi, yi], -1))
+        if v0.shape[1] == 0:
+            continue
+        w0 = _null_basis(ai)
+        if w0.shape[1] != v0.shape[1]:
+            w0 = v0  # no exact completion to find: the identity on the empty directions
+        flat(out)[i] = gi - gi @ v0 @ v0.T + w0 @ v0.T
+    return out
 
 
 def _rope_pairs_lstsq(xa, xb, ya, yb, pairing):
@@ -140,8 +167,10 @@ def _rope_pairs_lstsq(xa, xb, ya, yb, pairing):
     pyb, jyb = pairing.pair_rows(yb)
     dot = lambda u, v: (u * v).sum((-1, -2))  # noqa: E731
     den = dot(pxb, pxb) + dot(pya, pya)  # <X, JX> = 0, so the normal equations are diagonal
-    a = (dot(pxb, pxa) + dot(pya, pyb)) / den
-    b = (dot(jxb, pxa) - dot(jya, pyb)) / den  # (aI + bJ)^T = aI - bJ on the reader side
+    empty = den <= torch.finfo(DTYPE).tiny  # a pair with no data (zero-padded heads): the identity
+    den = torch.where(empty, torch.ones_like(den), den)
+    a = torch.where(empty, torch.ones_like(den), (dot(pxb, pxa) + dot(pya, pyb)) / den)
+    b = torch.where(empty, torch.zeros_like(den), (dot(jxb, pxa) - dot(jya, pyb)) / den)  # (aI + bJ)^T = aI - bJ
     # keep the angle, re-solve the radius r of r R exactly ((r R)^{-T} = R / r): as in balanced_lstsq
     r = torch.sqrt(a * a + b * b).clamp_min(torch.finfo(DTYPE).tiny)
     c, sn = a / r, b / r
