@@ -194,8 +194,9 @@ def _gpt2(tmp_path, name, **kw):
     return save_model(m, tmp_path / name)
 
 
-@pytest.mark.parametrize("change,word", [({"n_embd": 30}, "d_model"), ({"vocab_size": 67}, "vocab"),
-                                         ({"n_layer": 3}, "n_layers"), ({"n_inner": 50}, "d_mlp")])
+# widths that differ one way only are expanded (tests/test_expand_align.py); these differ both ways
+@pytest.mark.parametrize("change,word", [({"n_embd": 30, "n_inner": 50}, "d_model"), ({"vocab_size": 67}, "vocab"),
+                                         ({"n_layer": 3}, "n_layers"), ({"n_embd": 21, "n_inner": 120}, "d_mlp")])
 def test_mismatched_models_fail_cleanly(tmp_path, capsys, change, word):
     a, b = _gpt2(tmp_path, "a"), _gpt2(tmp_path, "b", **change)
     assert _cli("align", a, b, "-o", tmp_path / "out") == 2

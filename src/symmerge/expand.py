@@ -39,6 +39,7 @@ from .adapters import adapter_for
 from .canonical import POST_NORM
 from .io import load_config, prepare_output
 from .model import LazyModel, Model, expected_tensors, part_keys
+from .rotary import Pairing
 from .shape import ModelShape
 from .spec import Spec, build_spec
 
@@ -109,11 +110,9 @@ def residual_embedding(d: int, D: int, centred: bool) -> torch.Tensor:
 
 
 def _pairs(dims: int, layout: str) -> tuple[list[int], list[int]]:
-    """(first, second) dimension of each rotary pair k, in frequency order."""
-    if dims and layout != "half":
-        raise SymmergeError(f"rotary layout {layout!r} is not implemented for expand")
-    k = list(range(dims // 2))
-    return k, [i + dims // 2 for i in k]
+    """(first, second) dimension of each rotary pair k, in frequency order (`rotary.Pairing` knows the layouts)."""
+    p = Pairing(dims, layout)
+    return p.first.tolist(), p.second.tolist()
 
 
 def head_dims(adapter, nc, wc, n: ModelShape, w: ModelShape) -> torch.Tensor:
