@@ -62,6 +62,7 @@ def ctx(tmp_path_factory):
     c["other_tok"] = _lm(root / "other_tok", 2, text=TEXT.replace("~", "é"))  # same size, other characters
     c["c"] = _lm(root / "c", 3)  # a third model of A's kind (merge, barrier of n models)
     c["small_vocab"] = _lm(root / "small_vocab", 4, text=TEXT.replace("~", ""))  # one character fewer
+    c["wide"] = _lm(root / "wide", 5, width=48)  # A's kind, twice the width (expand)
     c["text"] = root / "text.txt"
     c["text"].write_text(TEXT * 3)
     c["unseen"] = root / "unseen.txt"
@@ -192,6 +193,16 @@ CASES = [
                                               "0.5,0.5"], "three or more"),
     ("transform-out-dtype-unknown", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--out-dtype", "float8"], "invalid choice"),
     ("align-out-dtype-unknown", lambda c, o: ["align", _p(c, "a"), _p(c, "b"), "-o", o, "--out-dtype", "int8"], "invalid choice"),
+    ("expand-other-architecture", lambda c, o: ["expand", _p(c, "a"), "--like", _p(c, "vit"), "-o", o], "one architecture"),
+    ("expand-other-vocabulary", lambda c, o: ["expand", _p(c, "small_vocab"), "--like", _p(c, "wide"), "-o", o],
+     "vocabularies"),
+    ("expand-narrow-is-wider", lambda c, o: ["expand", _p(c, "wide"), "--like", _p(c, "a"), "-o", o], "wider than WIDE"),
+    ("expand-out-is-the-input", lambda c, o: ["expand", _p(c, "a"), "--like", _p(c, "wide"), "-o", _p(c, "a"), "--force"],
+     "is the input"),
+    ("expand-like-is-not-a-checkpoint", lambda c, o: ["expand", _p(c, "a"), "--like", _p(c, "file"), "-o", o],
+     "not a folder with a config.json"),
+    ("align-mixed-widths-other-vocabulary", lambda c, o: ["align", _p(c, "wide"), _p(c, "small_vocab"), "-o", o],
+     "vocabularies"),
 ]
 
 

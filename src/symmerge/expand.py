@@ -237,7 +237,7 @@ def expanded_like(narrow, wide_config):
 def widest(a, b, name_a: str = "A", name_b: str = "B"):
     """(a, b) with the narrower expanded into the other's config when their widths differ (`align`,
     `interpolate`, `barrier` on mixed widths). Pairs that differ in more than widths, or that neither
-    way expands, are refused: by `merge.check_compatible`'s message, or by the expansion's reason."""
+    way expands, are refused with the expansion's reason (other architectures: `merge.check_compatible`'s)."""
     from .merge import check_compatible
 
     widths_differ = any(getattr(a.shape, k) != getattr(b.shape, k) for k in WIDTHS + ("n_heads",))
@@ -250,8 +250,6 @@ def widest(a, b, name_a: str = "A", name_b: str = "B"):
         try:
             a, b = expanded_like(a, b.config), b
         except SymmergeError:
-            if any(getattr(a.shape, k) != getattr(b.shape, k) for k in SAME):
-                check_compatible(a, b, name_a, name_b)
             raise SymmergeError(f"{name_a} and {name_b} differ in widths and neither expands into the other: "
                                 f"{name_b} into {name_a}: {to_a}") from None
     check_compatible(a, b, name_a, name_b)  # one shape now; the preprocessing and the tensors still checked
@@ -278,8 +276,10 @@ def expand_checkpoint(narrow_path, wide_path, out, force: bool = False, progress
     Reads WIDE's config only; NARROW one block at a time. Returns (OUT, Expansion)."""
     from .stream import write_streaming
 
-    prepare_output(out, force)
+    prepare_output(out, force, inputs=[narrow_path, wide_path])
     narrow = LazyModel(narrow_path)
+    if not (Path(wide_path) / "config.json").is_file():
+        raise SymmergeError(f"--like {wide_path} is not a folder with a config.json; pass the wide checkpoint's folder")
     wide_config = load_config(Path(wide_path))
     wide_config.dtype = narrow.config.dtype  # the weights keep NARROW's storage dtype
     if adapter_for(wide_config) is not narrow.adapter:
