@@ -41,7 +41,7 @@ from .io import load_config, prepare_output
 from .model import LazyModel, Model, expected_tensors, part_keys
 from .rotary import Pairing
 from .shape import ModelShape
-from .spec import Spec, build_spec
+from .spec import QK_MAP, RESIDUAL_ROTATION, Spec, build_spec
 
 Params = dict[str, torch.Tensor]
 
@@ -176,10 +176,10 @@ def _pad(t: torch.Tensor, axis: int, size: int, index: torch.Tensor | None = Non
 
 
 def _axis_map(e: Expansion, spec: Spec, name: str, t: torch.Tensor, axis: int, family: str, how: str, size: int):
-    if family == "residual_rotation":
+    if family == RESIDUAL_ROTATION:
         scale = e.reader_scale if how == "inv_t" else (1.0 / e.reader_scale if name in POST_NORM else e.writer_scale)
         return _along(t, axis, e.P) * scale
-    if family == "qk_map":
+    if family == QK_MAP:
         t = _pad(t, axis, size, e.head_dims)
         return t * e.score_scale if how == "g" else t
     return _pad(t, axis, size)  # head slots, FFN units, head width on the value side
