@@ -14,7 +14,7 @@ head has no bias: `final.b_norm` holds the canonical β/γ): β := γ_A ⊙ b_no
 Mean-free writers need nothing: LayerNorm removes the stream's mean either way, and every reader of
 the stream sits behind a norm.
 
-Where it fails: a zero in γ_A cannot be divided by. `Gauge.of` then returns None (the caller writes
+Where it fails: a zero in γ_A cannot be divided by. `Gauge.of` (`model.reference_gauge`) then returns None (the caller writes
 canonical form and says so). Norms without parameters (OLMo-1) have no gauge: nothing changes.
 """
 
@@ -52,12 +52,10 @@ class Gauge:
     source: str = ""
 
     @classmethod
-    def of(cls, reference) -> Gauge | None:
-        """The gauge of the checkpoint folder `reference` (a `LazyModel` is built for it); None (with a
-        line on stderr) where a norm weight is zero, since its readers cannot be divided by it."""
-        from .model import LazyModel
-
-        ref = reference if isinstance(reference, LazyModel) else LazyModel(reference)
+    def of(cls, ref) -> Gauge | None:
+        """The gauge of the reference `ref`, a `model.LazyModel` (`model.reference_gauge` builds one for a
+        folder); None (with a line on stderr) where a norm weight is zero, since its readers cannot be
+        divided by it."""
         norms = {}
         for slot, prefix in ref.adapter.norm_names(ref.shape).items():
             gamma, beta = ref.get(f"{prefix}.weight", None), ref.get(f"{prefix}.bias", None)

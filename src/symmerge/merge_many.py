@@ -138,12 +138,13 @@ def _write_aligned(models, elements, folder, force: bool, meta: dict, progress: 
                    dtype=None) -> None:
     """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), atomically,
     in the norm gauge of the first input; `folder/mergekit.yml` is their weighted mean."""
-    from .gauge import Gauge, side_files
+    from .gauge import side_files
     from .io import AtomicFolder, prepare_output
+    from .model import reference_gauge
     from .stream import write_streaming
 
     folder = prepare_output(folder, force)
-    gauge = Gauge.of(models[0].path)
+    gauge = reference_gauge(models[0].path)
     with AtomicFolder(folder) as tmp:
         if gauge is not None:
             outs = [Path(folder).resolve() / str(i) for i in range(1, len(models) + 1)]

@@ -197,6 +197,14 @@ def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str)
     return model.eval()
 
 
+def reference_gauge(reference):
+    """The norm gauge (`gauge.Gauge`) of the checkpoint folder or `LazyModel` `reference`, or None where it
+    cannot be used (see `gauge.Gauge.of`). Lives here so that gauge.py needs nothing of this module."""
+    from .gauge import Gauge
+
+    return Gauge.of(reference if isinstance(reference, LazyModel) else LazyModel(reference))
+
+
 def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool = False, dtype=None,
                extra: dict | None = None, gauge=None, side: dict[str, str] | None = None) -> Path:
     """Write canonical `params` as a stock HF checkpoint of the model's class, atomically (in the

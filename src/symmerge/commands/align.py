@@ -113,10 +113,11 @@ def align_streamed(args, matcher, families, opts):
 
 def in_gauge_of(a, out, dtype):
     """(gauge of A, side files) for an aligned output OUT: written in A's norm gauge, with a mergekit
-    config of the midpoint beside it; (None, {}) where A's gauge cannot be used (see `Gauge.of`)."""
-    from ..gauge import Gauge, mergekit_base, side_files
+    config of the midpoint beside it; (None, {}) where A's gauge cannot be used (see `gauge.Gauge.of`)."""
+    from ..gauge import mergekit_base, side_files
+    from ..model import reference_gauge
 
-    gauge = Gauge.of(a)
+    gauge = reference_gauge(a)
     if gauge is None:
         return None, {}
     return gauge, side_files([a, out], mergekit_base(a, out), dtype)

@@ -25,11 +25,12 @@ def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False, d
     Every output is written in the norm gauge of the stock A (`gauge.py`), so that a plain average of
     A and OUT (learned) or of OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that
     midpoint lies beside (OUT/mergekit.yml). `dtype`: of the outputs (default: each input's)."""
-    from ..gauge import Gauge, mergekit_base, side_files
+    from ..gauge import mergekit_base, side_files
+    from ..model import reference_gauge
 
     meta = {"align": {k: v for k, v in result.report.items() if k != "history"}}
     out = prepare_output(out, force)
-    gauge = Gauge.of(a.path) if a.path is not None else None
+    gauge = reference_gauge(a.path) if a.path is not None else None
     if result.report["method"] == "learned":
         side = side_files([a.path, out], mergekit_base(a.path, out), dtype or b.dtype) if gauge else {}
         save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta, gauge=gauge, side=side,
