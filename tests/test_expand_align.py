@@ -65,8 +65,6 @@ def test_interpolate_mixed_widths_expands_the_narrow_end(planted, tmp_path):
 
 def test_barrier_mixed_widths_is_flat_between_a_model_and_its_planted_expansion(planted, tmp_path):
     arch, root = planted
-    if arch != "gpt2":
-        pytest.skip("one architecture is enough for the command's plumbing")
     text = tmp_path / "t.txt"
     text.write_text("".join(chr(33 + i % 60) for i in range(4000)))
     char_tokenizer(text.read_text()).save_pretrained(root / "narrow")
