@@ -6,6 +6,7 @@ run it continues (stored in the checkpoint, see `learn_state.py`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 
 import torch
@@ -15,7 +16,9 @@ from ..evaluate import grid
 
 METHODS = ("learned", "dual")
 LAM_SAMPLING = ("uniform", "peak")
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: the working precision of the endpoints' forward (`--dtype`); group parameters, their optimiser state
+#: and the group algebra stay float32/float64 whatever this says
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Adam's learning rate per method: dual at half, since at the start its two sides take opposite copies
 #: of the one-sided step (tests/test_learned.py::test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice)
 DEFAULT_LR = {"learned": 1e-2, "dual": 5e-3}
@@ -46,7 +49,8 @@ class LearnConfig:
     patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
     grid_points: int = 5  # lambdas of the validation barrier (endpoints included)
     anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
-    dtype: str = "float32"  # of the HF forward; group algebra is always float64
+    dtype: str = "float32"  # of the HF forward (a DTYPES key); group algebra is always float64
+    device: str = "cpu"  # where the forward runs: "cpu", "cuda" or "cuda:N" (checked by symmerge.devices)
     checkpoint_every: int = 50
     progress: bool = True
 
@@ -65,14 +69,16 @@ class LearnConfig:
         if self.anchor not in ("residual", "absolute"):
             raise SymmergeError(f"anchor must be residual or absolute, not {self.anchor!r}")
         if self.dtype not in DTYPES:
-            raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}")
+            raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device)):
+            raise SymmergeError(f"device must be cpu, cuda or cuda:N, not {self.device!r}")
         if self.steps < 0 or self.eval_every < 1 or self.lr is None or self.lr <= 0:
             raise SymmergeError("--steps must be >= 0, eval_every >= 1 and the learning rate > 0")
         grid(self.grid_points, interior=True)
 
     def settings(self) -> dict:
-        """What must be equal to resume a run (everything but the progress bar and checkpoint cadence)."""
-        skip = {"progress", "checkpoint_every"}
+        """What must be equal to resume a run (everything but the progress bar, checkpoint cadence and device)."""
+        skip = {"progress", "checkpoint_every", "device"}  # a run may resume on another device
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["lam_range"] = list(out["lam_range"])
         if out["lam_sampling"] == "uniform":  # checkpoints written before the option existed still resume
