@@ -18,10 +18,28 @@ from . import SymmergeError, __version__
 COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help, "(default: X)", once. Not shown: a default of None (the help
+    says in words what the option's absence means, e.g. "(default: the preset's)") and the False of an
+    on/off flag."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows the defaults (`DefaultsFormatter`), for every subcommand too."""
+
+    def __init__(self, *args, formatter_class=DefaultsFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="symmerge", description=__doc__.splitlines()[0])
+    parser = Parser(prog="symmerge", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"symmerge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)  # subparsers are Parsers too
     for name in COMMANDS:
         importlib.import_module(f"symmerge.commands.{name}").register(sub)
     return parser

@@ -23,13 +23,13 @@ def register(sub) -> None:
     p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
                    help="; ".join(f"{m.name}: {m.help}" for m in registry.MATCHERS.values()))
     p.add_argument("--groups", default=None,
-                   help=f"comma-separated families, or 'all'; default: all but residual_scale. Families: {','.join(FAMILIES)}")
+                   help=f"comma-separated families, or 'all' (default: all but residual_scale). Families: {','.join(FAMILIES)}")
     data = ", ".join(m.name for m in registry.MATCHERS.values() if m.needs_data)
     p.add_argument("--data", default=None, help=f"{data}: data set (see symmerge.data)")
     p.add_argument("--split", default="train",
-                   help="activation matching: data split (default train; learned/dual learn on train, validate on validation)")
+                   help="activation matching: data split (learned/dual learn on train, validate on validation)")
     p.add_argument("--batch-size", type=int, default=8, help=f"{data}: sequences (images) per batch")
-    p.add_argument("--seq-len", type=int, default=None, help=f"{data}: tokens per sequence (default: context)")
+    p.add_argument("--seq-len", type=int, default=None, help=f"{data}: tokens per sequence (default: the model's context)")
     p.add_argument("--max-batches", type=int, default=8,
                    help=f"{data}: batches of data used (learned/dual: training batches)")
     for opt in registry.OPTIONS.values():
@@ -42,18 +42,18 @@ def register(sub) -> None:
 
 
 def _add_option(p, opt) -> None:
-    """One matcher option, with the registry's default (None where it differs by method: the registry
-    fills it in) printed in the help."""
+    """One matcher option, with the registry's default: shown by the help formatter, or, where it differs
+    by method (None here: the registry fills it in), named per method in the help."""
     users = registry.users(opt.name)
-    if isinstance(opt.default, dict):
-        default, shown = None, ", ".join(f"{v:g} for {m}" for m, v in opt.default.items())
-    else:
-        default = opt.default
-        shown = ",".join(f"{x:g}" for x in default) if isinstance(default, tuple) else str(default)
+    default, shown = opt.default, ""
+    if isinstance(default, dict):
+        default, shown = None, " (default: " + ", ".join(f"{v:g} for {m}" for m, v in opt.default.items()) + ")"
+    elif isinstance(default, tuple):  # as typed on the command line; argparse parses it with opt.type
+        default = ",".join(f"{x:g}" for x in default)
     kw = {"type": opt.type} if opt.type else {}
     if opt.choices:
         kw["choices"] = opt.choices
-    p.add_argument(opt.flag, default=default, help=f"{'/'.join(users)}: {opt.help} (default {shown})", **kw)
+    p.add_argument(opt.flag, default=default, help=f"{'/'.join(users)}: {opt.help}{shown}", **kw)
 
 
 def load_data(args, model_dir, split: str | None = None, max_batches: int | None = None) -> list[dict]:

@@ -13,8 +13,9 @@ from .checks import at_least, check_report_file
 
 def add_data_args(p, split_default: str = "test") -> None:
     p.add_argument("--data", required=True, help="a .txt file, a folder of IDX files, mnist.pkl.gz, or 'digits'")
-    p.add_argument("--split", default=split_default, choices=["train", "validation", "test", "all"])
-    p.add_argument("--batch-size", type=at_least(1), default=8)
+    p.add_argument("--split", default=split_default, choices=["train", "validation", "test", "all"],
+                   help="which part of the data")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help="sequences or images per batch")
     p.add_argument("--max-batches", type=at_least(1), default=None, help="evaluate on at most this many batches")
     p.add_argument("--seq-len", type=int, default=None, help="window length for text (default: the model's context)")
 
@@ -27,10 +28,10 @@ def register(sub) -> None:
     add_data_args(p)
     p.add_argument("--points", type=at_least(2), default=11, help="evenly spaced λ values, endpoints included (per pair)")
     p.add_argument("--refine", action="store_true", help="add 4 points around the peak (two models)")
-    p.add_argument("--weights", default=None, help="n > 2: w1,...,wn of the average (default uniform)")
+    p.add_argument("--weights", default=None, help="n > 2: w1,...,wn of the average (default: uniform)")
     p.add_argument("--simplex-points", type=at_least(1), default=None, help="n > 2: Dirichlet points of the simplex "
-                   "(default 16)")
-    p.add_argument("--seed", type=int, default=None, help="n > 2: seed of the Dirichlet points (default 0)")
+                   "(default: 16)")
+    p.add_argument("--seed", type=int, default=None, help="n > 2: seed of the Dirichlet points (default: 0)")
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG plot of the curves (n = 3: the loss over the triangle)")
     p.set_defaults(run=run)

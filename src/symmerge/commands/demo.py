@@ -9,7 +9,7 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="train two models from two seeds and compare the barriers of every method")
     p.add_argument("-o", "--out", default="symmerge-demo", help="folder for the pair, the report and the plot")
     p.add_argument("--data", default="digits",
-                   help="'digits' (default: two ViTs on scikit-learn's 8x8 digits) or a .txt file (two char-level GPT-2s)")
+                   help="'digits' (two ViTs on scikit-learn's 8x8 digits) or a .txt file (two char-level GPT-2s)")
     p.add_argument("--seeds", default="0,1", help="the two training seeds")
     p.add_argument("--train-steps", type=int, default=None, help="training steps per model (default: the demo preset's)")
     p.add_argument("--learn-steps", type=int, default=150, help="steps of learned and dual matching")

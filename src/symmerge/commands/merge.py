@@ -14,9 +14,9 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", required=True, help="output folder: the weighted average, a stock checkpoint")
     p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
                    help=f"the matcher (many-model forms built: {', '.join(registry.many_methods())})")
-    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default uniform)")
+    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
     p.add_argument("--groups", default=None,
-                   help=f"comma-separated families, or 'all'; default: the spec's defaults. Families: {','.join(FAMILIES)}")
+                   help=f"comma-separated families, or 'all' (default: the spec's choice, as align). Families: {','.join(FAMILIES)}")
     p.add_argument("--aligned", default=None, help="also write every model re-parameterised into the shared "
                    "coordinates (its own class and function) to DIR/1 ... DIR/n")
     for name in ("max_iters", "precision"):
@@ -35,7 +35,7 @@ def _add(p, opt, text: str) -> None:
     kw = {"type": at_least(1) if opt.name in counts else opt.type} if opt.type else {}
     if opt.choices:
         kw["choices"] = opt.choices
-    p.add_argument(opt.flag, default=opt.default, help=f"{text} (default {opt.default})", **kw)
+    p.add_argument(opt.flag, default=opt.default, help=text, **kw)
 
 
 def run(args) -> int:

@@ -14,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("model", help="Hugging Face checkpoint folder (never modified)")
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random group element")
-    p.add_argument("--groups", default=None, help=f"comma-separated families (default all): {','.join(FAMILIES)}")
+    p.add_argument("--groups", default=None, help=f"comma-separated families (default: all): {','.join(FAMILIES)}")
     p.add_argument("--spread", type=at_least(1.0, float), default=2.0,
                    help="scales and singular values drawn in [1/s, s] (s >= 1)")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
