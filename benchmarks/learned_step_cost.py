@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 import transformers
 
-from symmerge.evaluate import interpolate
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learner import Learner
 from symmerge.model import load_model
@@ -57,9 +56,12 @@ def learned_step(learner: Learner, opt, batch) -> None:
 
 
 def apply_only(learner: Learner) -> None:
-    """The batch-independent forward part of a step: elements, their action on both sides, interpolation."""
-    ta, tb = learner.endpoints(hard=False)
-    learner.obj.state_dict(interpolate(ta, tb, 0.5))
+    """The batch-independent forward part of a step: elements, their action on both sides, interpolation,
+    every part once (the block-wise forward does this part by part, and again in the backward)."""
+    part = learner.path(0.5, hard=False)
+    learner.forward.end_state(part)
+    for i in range(learner.frozen["A"].shape.n_layers):
+        learner.forward.block_state(part, i)
 
 
 def median_times(fns: dict, steps: int, warmup: int) -> dict[str, float]:

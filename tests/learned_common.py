@@ -1,10 +1,13 @@
 """What the learned- and dual-matching tests share (their pair of tiny GPT-2s is conftest's `pair`
-fixture): a quick configuration, and the stock forward of canonical parameters."""
+fixture): a quick configuration, the stock forward of canonical parameters, and the plain path of the
+learning objective (what the learner's block-wise forward must equal)."""
 
 from __future__ import annotations
 
 import torch
 
+from symmerge.apply import apply
+from symmerge.evaluate import StockForward, interpolate
 from symmerge.match.learn_config import LearnConfig
 from symmerge.model import build_hf_model, export_state_dict
 
@@ -23,3 +26,20 @@ def logits_of(model, params, batch):
     config, sd = export_state_dict(model, params, dtype=torch.float64)
     with torch.no_grad():
         return build_hf_model(config, sd, model.shape.hf_class)(input_ids=batch["input_ids"]).logits
+
+
+def cast_element(g: dict, dtype) -> dict:
+    """An element with its floating tensors cast to `dtype` (permutations as they are)."""
+    return {n: (t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t) for n, t in g.items()}
+
+
+def plain_loss(model, learner, batch, lam, elements: dict | None = None, dtype=torch.float32) -> torch.Tensor:
+    """The plain path of the objective: both endpoints whole in `dtype`, each moved by its element through
+    `apply` (default: the learner's training elements, cast to `dtype`), interpolated, and the stock HF loss
+    of the result (`StockForward` of `model`'s class, one full state dict)."""
+    elements = elements or {side: cast_element(learner.element(side, hard=False), dtype) for side in learner.base}
+    ends = {}
+    for side in ("A", "B"):
+        params = {k: v.to(dtype) for k, v in learner.frozen[side].params().items()}
+        ends[side] = apply(learner.spec, elements[side], params) if side in elements else params
+    return StockForward(model, dtype).loss(interpolate(ends["A"], ends["B"], lam), batch)

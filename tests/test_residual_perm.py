@@ -9,10 +9,10 @@ import transformers as T
 
 from checks import assert_different_function, assert_reported_gap, assert_same_function, with_tensor_of
 from factories import example_inputs, lm_batches, make_model, rel_distance, save_model
+from learned_common import plain_loss
 from symmerge import SymmergeError, cli
 from symmerge import groups as G
 from symmerge.apply import apply
-from symmerge.evaluate import interpolate
 from symmerge.match.activation import activation_match
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
@@ -87,8 +87,7 @@ def test_learned_permutations_only_moves_the_residual_permutation_and_keeps_b(gp
     leaf = g["residual.rotation"].to(torch.float32).requires_grad_(True)
     g = {n: (t.to(torch.float32) if torch.is_tensor(t) and t.is_floating_point() else t) for n, t in g.items()}
     g["residual.rotation"] = leaf
-    tb = apply(learner.spec, g, learner.params["B"])
-    learner.obj.loss(interpolate(learner.params["A"], tb, 0.5), batch).backward()
+    plain_loss(a, learner, batch, 0.5, {"B": g}).backward()
     assert torch.allclose(grad, leaf.grad, rtol=1e-4, atol=1e-6)
 
     cfg = LearnConfig(groups=PERMS_ONLY, steps=6, lr=0.5, eval_every=3, grid_points=3, progress=False)

@@ -20,6 +20,19 @@ class StraightThrough(NamedTuple):
     latent: torch.Tensor  # [*batch, n, n] floating, requires grad
 
 
+class Prepared(NamedTuple):
+    """An element of a continuous group with its inverse transpose worked out once (in float64, then cast
+    to the dtype and device of the tensors it acts on): acting on many tensors then neither casts nor
+    inverts per tensor, and the inverse is never taken in a dtype `torch.linalg` cannot invert in (bf16)."""
+
+    g: torch.Tensor
+    inv_t: torch.Tensor
+
+    @classmethod
+    def of(cls, group: G.Group, g: torch.Tensor, dtype: torch.dtype, device=None) -> Prepared:
+        return cls(g.to(device=device, dtype=dtype), group.structure.inverse_transpose(g).to(device=device, dtype=dtype))
+
+
 class _StraightThroughPermute(torch.autograd.Function):
     """Rows of `x` gathered by `index` (exact, no matmul); the backward is that of `latent @ x`
     with `latent` valued as the permutation matrix: d/dlatent = dy x^T, d/dx = P^T dy."""
@@ -39,11 +52,15 @@ class _StraightThroughPermute(torch.autograd.Function):
 
 
 def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> torch.Tensor:
-    """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says."""
+    """Transform one axis of `t` by `g` (or `g^{-T}`, or `g^2`) as the action says (`g` may be `Prepared`)."""
+    if isinstance(g, Prepared):
+        g, inv_t = g
+    else:
+        inv_t = None
     if action.how == "sq":
         return t * g.to(t.dtype) ** 2
     kind = group.structure
-    m = g if action.how == "g" else kind.inverse_transpose(g)
+    m = g if action.how == "g" else (kind.inverse_transpose(g) if inv_t is None else inv_t)
     if not kind.acts_on_axis:  # a scalar scales the whole tensor
         return kind.act_leading(m, t, 0)
     lead = (*action.batch_axes, action.axis)

@@ -42,18 +42,22 @@ class HookPoints:
       attention or MLP), `attn_norm` among them: the one whose output the attention's q, k, v read;
     - `final_norm`: the norm the head reads (its output is a normalised stream too);
     - `ffn_hidden`: the module whose *input* is the FFN hidden vector (the down projection), its
-      last axis the canonical `d_mlp` axis.
+      last axis the canonical `d_mlp` axis;
+    - `block`: layer i's block module, an entry of a module list (learned matching runs it on its own,
+      `match/blockwise.py`): the parameters under it are exactly what `Adapter.block_from_canonical(.., i)`
+      returns, and the top-level forward calls it once, reading nothing of its parameters itself.
     """
 
     norms: tuple[str, ...]
     attn_norm: str
     final_norm: str
     ffn_hidden: str
+    block: str | None = None
 
     def layer(self, i: int) -> HookPoints:
         """The names for layer i."""
         return HookPoints(tuple(n.format(i=i) for n in self.norms), self.attn_norm.format(i=i), self.final_norm,
-                          self.ffn_hidden.format(i=i))
+                          self.ffn_hidden.format(i=i), None if self.block is None else self.block.format(i=i))
 
 
 class Adapter:

@@ -34,7 +34,8 @@ class GPTNeoXAdapter(Adapter):
     renames = ((r"^embed_out\.", "lm_head."),)  # stock save_pretrained still writes the head as embed_out
     hooks = HookPoints(norms=("gpt_neox.layers.{i}.input_layernorm", "gpt_neox.layers.{i}.post_attention_layernorm"),
                        attn_norm="gpt_neox.layers.{i}.input_layernorm", final_norm="gpt_neox.final_layer_norm",
-                       ffn_hidden="gpt_neox.layers.{i}.mlp.dense_4h_to_h")
+                       ffn_hidden="gpt_neox.layers.{i}.mlp.dense_4h_to_h",
+                       block="gpt_neox.layers.{i}")
     tied_head = "lm_head.weight"
     save_renames = ((r"^lm_head\.", "embed_out."),)
 

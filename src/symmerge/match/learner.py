@@ -12,11 +12,11 @@ from scipy.optimize import linear_sum_assignment
 
 from .. import SymmergeError
 from .. import groups as G
-from ..apply import StraightThrough, apply
-from ..evaluate import StockForward, interpolate
+from ..apply import Prepared, StraightThrough, apply
+from ..evaluate import interpolate
 from ..merge import check_compatible
-from ..model import Model
-from ..spec import Spec, compose, identity_element
+from ..spec import SCALE, Spec, compose, identity_element
+from .blockwise import BlockwiseForward, Frozen, PartFn
 from .learn_config import DTYPES, LearnConfig
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 
@@ -42,12 +42,12 @@ def lap(latent: torch.Tensor) -> torch.Tensor:
     assignment can beat each row's maximum); the exact solver runs only when rows compete. Latents
     start one-hot and move slowly, so most steps take the shortcut.
     """
-    flat = latent.detach().reshape(-1, *latent.shape[-2:]).numpy()
+    flat = latent.detach().reshape(-1, *latent.shape[-2:]).cpu().numpy()  # scipy solves on the CPU
     rows = []
     for x in flat:
         best = x.argmax(axis=1)
         rows.append(best if np.unique(best).size == best.size else linear_sum_assignment(x, maximize=True)[1])
-    return torch.as_tensor(np.stack(rows), dtype=torch.int64).reshape(latent.shape[:-1])
+    return torch.as_tensor(np.stack(rows), dtype=torch.int64).reshape(latent.shape[:-1]).to(latent.device)
 
 
 def _check_element(spec: Spec, g: dict, what: str) -> None:
@@ -61,12 +61,17 @@ def _check_element(spec: Spec, g: dict, what: str) -> None:
 
 
 class Learner:
-    """Holds the frozen models, the slots and the objective; `run` trains (see the module docstring)."""
+    """Holds the frozen models, the slots and the objective; `run` trains (see the module docstring).
 
-    def __init__(self, a: Model, b: Model, cfg: LearnConfig, init: dict | None = None):
+    `a`, `b`: `Model`s, or `LazyModel`s (read block by block from their files, never wholly in float64).
+    The endpoints are kept frozen in their checkpoint's dtype on `cfg.device` (`blockwise.Frozen`; dual:
+    B with `init` absorbed); every loss runs the stock blocks one at a time on weights materialised in
+    `cfg.dtype` (`blockwise.BlockwiseForward`); elements and their algebra stay float64."""
+
+    def __init__(self, a, b, cfg: LearnConfig, init: dict | None = None):
         cfg.validate()
         check_compatible(a, b)
-        self.a, self.b, self.cfg, self.spec = a, b, cfg, a.spec.restricted(cfg.groups)
+        self.cfg, self.spec = cfg, a.spec.restricted(cfg.groups)
         self.init = {n: t.clone() for n, t in (init or identity_element(self.spec)).items()}
         _check_element(self.spec, self.init, "the initial element")
         selected = self.spec.select(self.spec.default_families() if cfg.groups is None else cfg.groups)
@@ -82,9 +87,13 @@ class Learner:
         ident = identity_element(self.spec)
         self.base = {"A": ident, "B": ident} if self.dual else {"B": self.init}
         self.slots = self._make_slots(cont, ste, methods)
-        self.obj = StockForward(a, DTYPES[cfg.dtype])
-        b_params = apply(self.spec, self.init, b.params) if self.dual else b.params
-        self.params = {"A": self.obj.cast(a.params), "B": self.obj.cast(b_params)}
+        device = torch.device(cfg.device)
+        absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual else None
+        self.frozen = {"A": Frozen(a, device), "B": Frozen(b, device, absorb)}
+        self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device)
+        eps = self.frozen["A"].part("final").get("norm.eps")
+        self.eps0 = None if eps is None else float(eps)
+        self.rescale = self.eps0 is not None and SCALE in self.spec.groups
 
     def _make_slots(self, cont, ste, methods) -> list[Slot]:
         slots = []
@@ -128,25 +137,62 @@ class Learner:
             g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[side][s.group])
         return g
 
-    def endpoints(self, hard: bool) -> tuple[dict, dict]:
-        """Both sides' moved parameters; for training (not `hard`) the elements are cast once to the
-        forward's dtype, instead of once per tensor they act on."""
-        def moved(side):
-            g = self.element(side, hard)
-            if not hard:
-                g = {n: t.to(self.obj.dtype) if torch.is_tensor(t) and t.is_floating_point() else t for n, t in g.items()}
-            return apply(self.spec, g, self.params[side])
+    def prepared(self, g: dict) -> dict:
+        """An element as it acts in the forward: continuous maps with their inverse transposes worked out
+        in float64 and cast to the forward's dtype and device (`apply.Prepared`), permutations moved there."""
+        dt, dev = self.forward.dtype, self.forward.device
+        out = {}
+        for n, t in g.items():
+            if isinstance(t, StraightThrough):
+                out[n] = StraightThrough(t.index.to(dev), t.latent.to(dev))
+            elif t.is_floating_point():
+                out[n] = Prepared.of(self.spec.groups[n], t, dt, dev)
+            else:
+                out[n] = t.to(dev)
+        return out
 
-        return (moved("A") if self.dual else self.params["A"]), moved("B")
+    def _eps_scale(self, elements: dict, lam):
+        """The residual scale c = sqrt(eps0 / eps) that brings the path's eps (each side's eps moved by its
+        element's scale, then interpolated) to the forward's config eps (see `evaluate.at_eps`); None where
+        it is exactly 1 (no residual scale, or none learned nor absorbed)."""
+        if not self.rescale:
+            return None
+        eps = {side: apply(self.spec, {SCALE: g[SCALE]}, {"norm.eps": self.frozen[side].part("final")["norm.eps"]})
+               for side, g in elements.items()}
+        mixed = interpolate(eps.get("A", {"norm.eps": self.frozen["A"].part("final")["norm.eps"]}), eps["B"], lam)
+        c = torch.sqrt(self.eps0 / mixed["norm.eps"])
+        if not c.requires_grad and float(c) == 1.0:
+            return None
+        return c.to(device=self.forward.device, dtype=self.forward.dtype)
+
+    def path(self, lam, hard: bool) -> PartFn:
+        """Canonical tensors of one part of (1 - lam)·gA·A + lam·gB·B in the forward's dtype (gA: the identity for
+        one-sided learning), for `BlockwiseForward`; the elements are built once, each part acted on when asked."""
+        raw = {side: self.element(side, hard) for side in self.base}
+        prepared = {side: self.prepared(g) for side, g in raw.items()}
+        scale = self._eps_scale(raw, lam)
+        dt = self.forward.dtype
+
+        def part(key) -> dict:
+            moved = {}
+            for side in ("A", "B"):
+                tensors = {k: v.to(dt) for k, v in self.frozen[side].part(key).items() if v.dim() > 0}
+                moved[side] = apply(self.spec, prepared[side], tensors) if side in prepared else tensors
+            mixed = interpolate(moved["A"], moved["B"], lam)
+            return mixed if scale is None else apply(self.spec, {SCALE: scale}, mixed)
+
+        return part
 
     def loss(self, batch: dict, lam: float) -> torch.Tensor:
-        ta, tb = self.endpoints(hard=False)
-        return self.obj.loss(interpolate(ta, tb, lam), batch)
+        return self.forward.loss(self.path(lam, hard=False), batch)
 
     @torch.no_grad()
     def curve(self, batches: list[dict], lams: list[float]) -> list[float]:
-        ta, tb = self.endpoints(hard=True)
-        return [self.obj.mean_loss(interpolate(ta, tb, lam), batches) for lam in lams]
+        out = []
+        for lam in lams:
+            part = self.path(lam, hard=True)
+            out.append(sum(float(self.forward.loss(part, b)) for b in batches) / len(batches))
+        return out
 
     def final_elements(self) -> dict[str, dict[str, torch.Tensor]]:
         """Per input, the full element whose action on that input gives the output (checked members)."""

@@ -1,0 +1,125 @@
+"""The block-wise forward of learned and dual matching (`match/blockwise.py`): on every architecture, in
+float32 and bfloat16, its loss and its gradients to the group parameters are the plain path's (both
+endpoints whole in float32, moved by `apply`, interpolated, the stock HF loss of one full state dict),
+to a tolerance from the dtype; a wrong block order and a perturbed element fall outside it. Endpoints
+read lazily from bf16 files stay bf16; outputs learned in bfloat16 compute their inputs' functions.
+
+Tolerances: the loss to `checks.tolerance(dtype, loss, LOSS_ULPS)`; each gradient to GRAD_ULPS·eps(dtype)
+relative to its norm (bf16 rounds every weight and activation, which moves the gradients of these tiny
+models by 1.5-3 eps; float32 differs from the plain path only in the order gradients are summed, 2-10 eps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checks import assert_reported_gap, tolerance
+from factories import ARCHS, lm_batches, make_model, save_model
+from learned_common import plain_loss, quick
+from symmerge.match.blockwise import Frozen
+from symmerge.match.learned import learn
+from symmerge.match.learner import Learner
+from symmerge.match.outputs import output_report, save_outputs
+from symmerge.model import LazyModel, load_model
+from symmerge.spec import random_element
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
+
+LOSS_ULPS, GRAD_ULPS = 4, 32
+LAM = 0.4
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Per architecture: two tiny float64 checkpoints in memory and a random initial element."""
+    root = tmp_path_factory.mktemp("pairs")
+    out = {}
+    for arch in ARCHS:
+        a, b = (load_model(save_model(make_model(arch, s), root / f"{arch}{s}")) for s in (0, 1))
+        out[arch] = (a, b, random_element(b.spec, torch.Generator().manual_seed(7)))
+    return out
+
+
+def batch_for(arch: str, seed: int = 0) -> dict:
+    if arch == "vit":
+        gen = torch.Generator().manual_seed(seed)
+        return {"pixel_values": torch.randn(3, 1, 8, 8, generator=gen, dtype=torch.float64),
+                "labels": torch.randint(0, 10, (3,), generator=gen)}
+    return lm_batches(1, seed, size=3, length=10)[0]
+
+
+def loss_and_grads(learner, loss):
+    params = list(learner.trainables().values())
+    return float(loss.detach()), [g.detach().double() for g in torch.autograd.grad(loss, params)]
+
+
+def gaps(got, ref, dtype) -> tuple[float, float]:
+    """(loss difference, largest relative gradient difference), each in tolerances of `dtype`."""
+    (loss, grads), (ref_loss, ref_grads) = got, ref
+    d_loss = abs(loss - ref_loss) / tolerance(dtype, torch.tensor(ref_loss), LOSS_ULPS)
+    d_grad = max(float((g - r).norm() / r.norm()) for g, r in zip(grads, ref_grads)) / (GRAD_ULPS * torch.finfo(dtype).eps)
+    return d_loss, d_grad
+
+
+def reversed_blocks(part, n_layers: int):
+    """A part function that feeds block i the tensors of block n-1-i (the wrong block order)."""
+    def wrong(key):
+        if not isinstance(key, int):
+            return part(key)
+        j = n_layers - 1 - key
+        return {k.replace(f"blocks.{j}.", f"blocks.{key}.", 1): v for k, v in part(j).items()}
+    return wrong
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method", ["learned", "dual"])
+def test_blockwise_loss_and_gradients_equal_the_plain_path(pairs, arch, method):
+    a, b, init = pairs[arch]
+    batch = batch_for(arch)
+    for dtype_name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        learner = Learner(a, b, quick(method=method, dtype=dtype_name), init)
+        ref = loss_and_grads(learner, plain_loss(a, learner, batch, LAM))
+        assert all(float(g.abs().max()) > 0 for g in ref[1]), "every slot gets a gradient on the plain path"
+        d_loss, d_grad = gaps(loss_and_grads(learner, learner.loss(batch, LAM)), ref, dtype)
+        assert d_loss <= 1 and d_grad <= 1, f"{arch}/{method}/{dtype_name}: loss {d_loss:.3g}, gradients {d_grad:.3g} tolerances"
+        # negative controls: the blocks in reverse order, and a slightly moved element, are caught
+        wrong = learner.forward.loss(reversed_blocks(learner.path(LAM, hard=False), a.shape.n_layers), batch)
+        assert max(gaps(loss_and_grads(learner, wrong), ref, dtype)) > 2, f"{arch}/{method}/{dtype_name}: wrong block order"
+        slot = next(s for s in learner.slots if s.group == "residual.rotation")
+        with torch.no_grad():
+            for t in slot.raw.values():
+                t.add_(0.2 * torch.randn(t.shape, generator=torch.Generator().manual_seed(1), dtype=t.dtype))
+        moved = loss_and_grads(learner, learner.loss(batch, LAM))
+        assert max(gaps(moved, ref, dtype)) > 2, f"{arch}/{method}/{dtype_name}: a moved element is not seen"
+
+
+def test_lazy_bf16_endpoints_stay_bf16(tmp_path):
+    """Endpoints read from bf16 files block by block are kept in bf16 (no float32 copy; the canonical form
+    adds only LayerNorm-folded zero biases), and give the same loss as the same checkpoints loaded whole."""
+    paths = [save_model(make_model("gpt_neox", s, dtype=torch.bfloat16), tmp_path / str(s)) for s in (0, 1)]
+    lazy, whole = [LazyModel(p) for p in paths], [load_model(p) for p in paths]
+    init = random_element(whole[1].spec, torch.Generator().manual_seed(2))
+    batch = batch_for("gpt_neox")
+    losses = []
+    for a, b in (lazy, whole):
+        learner = Learner(a, b, quick(method="dual", dtype="bfloat16"), init)
+        for f in learner.frozen.values():
+            assert {t.dtype for t in f.params().values() if t.dim() > 0} == {torch.bfloat16}
+        losses.append(float(learner.loss(batch, LAM).detach()))
+    assert losses[0] == losses[1]
+    stored = sum(t.numel() * 2 for t in make_model("gpt_neox", 0).parameters())
+    assert Frozen(lazy[0]).nbytes() <= 1.1 * stored
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "olmo", "vit"])
+def test_outputs_learned_in_bfloat16_compute_their_inputs(pairs, arch, tmp_path):
+    """Learned and dual matching in bfloat16 (forward and weights materialised in bf16, elements float64):
+    every output loads with stock `from_pretrained` and computes its input's function."""
+    a, b, init = pairs[arch]
+    train, val, probe = [batch_for(arch, 0), batch_for(arch, 1)], [batch_for(arch, 2)], batch_for(arch, 9)
+    for method in ("learned", "dual"):
+        result = learn(a, b, train, val, quick(method=method, steps=3, lr=0.1, dtype="bfloat16"), init=init)
+        assert result.report["settings"]["dtype"] == "bfloat16" and result.report["barrier_after"] is not None
+        for row in output_report(save_outputs(result, a, b, tmp_path / method), a.shape.hf_class, probe):
+            assert_reported_gap(row, probe)
