@@ -192,3 +192,23 @@ def test_shape_overrides_train_a_model_of_that_shape(tmp_path, text_file, capsys
     assert not (tmp_path / "bad").exists()
     assert main(["train", "--arch", "neox", "--data", str(text_file), "-o", str(tmp_path / "n"), "--d-model", "24",
                  "--heads", "2"]) == 2 and "rotary" in capsys.readouterr().err
+
+
+def test_neox_switches_train_that_architecture(tmp_path, text_file, capsys):
+    """`--rotary-pct` and `--parallel-residual` (GPT-NeoX) reach the stock config and the shape symmerge reads
+    from it; fractions that are not an even number of head dimensions and other architectures fail clearly."""
+    out = tmp_path / "n"
+    assert main(["train", "--arch", "neox", "--data", str(text_file), "-o", str(out), "--steps", "2",
+                 "--rotary-pct", "1.0", "--parallel-residual", "off"]) == 0
+    c = T.GPTNeoXConfig.from_pretrained(out)
+    shape = adapter_for(c).shape(c)
+    assert shape.rotary_dims == shape.d_head and not shape.parallel and not c.use_parallel_residual
+    assert record(out)["shape"] == {"rotary_pct": 1.0, "parallel_residual": False}
+    default = lm_config("neox", get_preset("neox", "tiny"), 65, 0, 0)
+    assert adapter_for(default).shape(default).parallel  # the preset's default is Pythia's
+    for argv, msg in ((["--arch", "neox", "--rotary-pct", "0.3"], "even"), (["--arch", "neox", "--rotary-pct", "0"], "even"),
+                      (["--arch", "gpt2", "--rotary-pct", "0.5"], "applies to neox"),
+                      (["--arch", "llama", "--parallel-residual", "off"], "applies to neox")):
+        assert main(["train", *argv, "--data", str(text_file), "-o", str(tmp_path / "bad")]) == 2, argv
+        assert msg in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -29,6 +29,8 @@ class Preset:
     d_mlp: int
     context: int = 0  # language models: window length in tokens
     kv_heads: int | None = None  # llama only (GQA); None = heads
+    rotary_pct: float = 0.25  # neox only: the fraction of each head RoPE rotates (Pythia's 25%)
+    parallel_residual: bool = True  # neox only: attention and MLP both read the block's input (Pythia)
     patch: dict = field(default_factory=dict)  # vit: image side -> patch side
     batch_size: int = 16
     steps: int = 1000
@@ -82,25 +84,33 @@ def get_preset(arch: str, name: str) -> Preset:
 
 #: the preset fields `symmerge train` may override (`--d-model`, `--layers`, `--heads`, `--kv-heads`, `--d-mlp`)
 SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
+#: GPT-NeoX's architecture switches `symmerge train` may override (`--rotary-pct`, `--parallel-residual`)
+NEOX_FIELDS = ("rotary_pct", "parallel_residual")
 
 
 def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     """`p` with some of its shape replaced (width sweeps); checks that the result is a valid model."""
     shape = shape or {}
-    unknown = set(shape) - set(SHAPE_FIELDS)
+    unknown = set(shape) - set(SHAPE_FIELDS) - set(NEOX_FIELDS)
     if unknown:
-        raise SymmergeError(f"cannot override {sorted(unknown)}; the shape fields are {', '.join(SHAPE_FIELDS)}")
-    bad = {k: v for k, v in shape.items() if not isinstance(v, int) or v < 1}
+        raise SymmergeError(f"cannot override {sorted(unknown)}; the shape fields are "
+                            f"{', '.join(SHAPE_FIELDS + NEOX_FIELDS)}")
+    bad = {k: v for k, v in shape.items() if k in SHAPE_FIELDS and (not isinstance(v, int) or v < 1)}
     if bad:
         raise SymmergeError(f"shape overrides must be positive integers, got {bad}")
     if "kv_heads" in shape and arch != "llama":
         raise SymmergeError(f"--kv-heads applies to llama (grouped-query attention), not {arch}")
+    neox = [k for k in NEOX_FIELDS if k in shape]
+    if neox and arch != "neox":
+        raise SymmergeError(f"--{neox[0].replace('_', '-')} applies to neox, not {arch}")
     q = replace(p, **shape)
     if q.d_model % q.heads:
         raise SymmergeError(f"width {q.d_model} is not divisible by {q.heads} heads; change --d-model or --heads")
     head = q.d_model // q.heads
-    if arch == "neox" and head % 8:
-        raise SymmergeError(f"GPT-NeoX's rotary quarter needs a head width divisible by 8, got {head}")
+    rotary = head * q.rotary_pct  # GPT-NeoX rotates int(head * rotary_pct) dimensions of each head
+    if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
+        raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
+                            "positive number of dimensions; change --rotary-pct, --d-model or --heads")
     if arch in ("llama", "olmo") and head % 2:
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
@@ -119,8 +129,8 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
     if arch == "neox":
         return T.GPTNeoXConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
-                               intermediate_size=p.d_mlp, max_position_embeddings=p.context, rotary_pct=0.25,
-                               use_parallel_residual=True, hidden_dropout=0.0, attention_dropout=0.0,
+                               intermediate_size=p.d_mlp, max_position_embeddings=p.context, rotary_pct=p.rotary_pct,
+                               use_parallel_residual=p.parallel_residual, hidden_dropout=0.0, attention_dropout=0.0,
                                tie_word_embeddings=False, **common)
     if arch == "llama":
         return T.LlamaConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from ..presets import ARCHS, SHAPE_FIELDS
+from ..presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(text)
+    return text == "on"
 
 
 def register(sub) -> None:
@@ -23,6 +29,9 @@ def register(sub) -> None:
     for flag, what in (("--d-model", "residual width"), ("--layers", "number of blocks"), ("--heads", "attention heads"),
                        ("--kv-heads", "key/value heads (llama)"), ("--d-mlp", "FFN width")):
         p.add_argument(flag, type=int, default=None, help=f"{what} (default: the preset's)")
+    p.add_argument("--rotary-pct", type=float, default=None, help="neox: fraction of each head RoPE rotates (default 0.25)")
+    p.add_argument("--parallel-residual", type=_on_off, default=None, metavar="on|off",
+                   help="neox: attention and MLP read the same input (on, the default) or one after the other (off)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run saved in OUT/.train_state")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (results are bitwise reproducible for a fixed count)")
@@ -39,7 +48,7 @@ def run(args) -> int:
     targs = TrainArgs(arch=args.arch, preset=args.preset, data=args.data, seed=args.seed, out=args.out,
                       tokenizer=args.tokenizer, gpt2_bpe=args.gpt2_bpe, vocab_size=args.vocab_size, steps=args.steps,
                       batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, save_every=args.save_every, resume=args.resume,
-                      force=args.force, shape={k: getattr(args, k) for k in SHAPE_FIELDS})
+                      force=args.force, shape={k: getattr(args, k) for k in SHAPE_FIELDS + NEOX_FIELDS})
     out = train(targs)
     import json
 
