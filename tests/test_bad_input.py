@@ -203,6 +203,23 @@ CASES = [
      "not a folder with a config.json"),
     ("align-mixed-widths-other-vocabulary", lambda c, o: ["align", _p(c, "wide"), _p(c, "small_vocab"), "-o", o],
      "vocabularies"),
+    # --device and --dtype (symmerge.devices); this machine has no GPU, so every cuda is refused
+    ("train-device-cuda", lambda c, o: ["train", "--arch", "gpt2", "--data", _p(c, "text"), "-o", o, "--device", "cuda"],
+     "no CUDA GPU is visible"),
+    ("eval-device-cuda", lambda c, o: ["eval", _p(c, "a"), "--data", _p(c, "text"), "--device", "cuda"], "no CUDA GPU"),
+    ("eval-device-cuda-index", lambda c, o: ["eval", _p(c, "a"), "--data", _p(c, "text"), "--device", "cuda:7"],
+     "no CUDA GPU"),
+    ("eval-device-unknown", lambda c, o: ["eval", _p(c, "a"), "--data", _p(c, "text"), "--device", "gpu"],
+     "not cpu, cuda or cuda:N"),
+    ("eval-dtype-unknown", lambda c, o: ["eval", _p(c, "a"), "--data", _p(c, "text"), "--dtype", "float8"], "invalid choice"),
+    ("barrier-device-cuda", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), "--data", _p(c, "text"), "--device", "cuda:0"],
+     "no CUDA GPU"),
+    ("barrier3-device-cuda", lambda c, o: _barrier3(c, "--device", "cuda"), "no CUDA GPU"),
+    ("align-dual-device-cuda", lambda c, o: ["align", _p(c, "a"), _p(c, "b"), "-o", o, "--method", "dual", "--data",
+                                            _p(c, "text"), "--device", "cuda"], "no CUDA GPU"),
+    ("align-weight-dtype", lambda c, o: ["align", _p(c, "a"), _p(c, "b"), "-o", o, "--dtype", "bfloat16"],
+     "are for --method learned or dual"),
+    ("demo-device-cuda", lambda c, o: ["demo", "-o", o, "--device", "cuda"], "no CUDA GPU"),
 ]
 
 

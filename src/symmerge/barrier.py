@@ -55,10 +55,12 @@ def highest_excess(lams: list[float], losses: list[float]) -> float:
 
 
 def barrier(a: Model, b: Model, batches: list[dict], points: int = 11, refine: bool = False,
-            progress: bool = True, dtype: torch.dtype | None = None) -> dict:
-    """Loss/accuracy at `points` evenly spaced λ in [0, 1] (plus 4 around the peak with `refine`)."""
+            progress: bool = True, dtype: torch.dtype | None = None, device=None) -> dict:
+    """Loss/accuracy at `points` evenly spaced λ in [0, 1] (plus 4 around the peak with `refine`), the
+    forward in `dtype` (default: A's storage dtype) on `device` (default: the CPU); the interpolation
+    itself stays in the parameters' precision."""
     check_compatible(a, b)
-    forward = StockForward(a, dtype)
+    forward = StockForward(a, dtype, device)
     lams = grid(points)
     results: dict[float, dict] = {}
     start = time.perf_counter()

@@ -50,15 +50,16 @@ def _line(alpha, values) -> float:
 
 
 def many_barrier(models: list[Model], batches: list[dict], weights: list[float] | None = None, points: int = 11,
-                 simplex_points: int = 16, seed: int = 0, progress: bool = True) -> dict:
-    """The figures of the module docstring, with each pair's curve and each simplex point's values."""
+                 simplex_points: int = 16, seed: int = 0, progress: bool = True, dtype=None, device=None) -> dict:
+    """The figures of the module docstring, with each pair's curve and each simplex point's values (the
+    forward in `dtype` on `device`, as `StockForward`'s)."""
     from .merge_many import check_weights
 
     n = len(models)
     w = check_weights(weights, n)
     for m in models[1:]:
         check_compatible(models[0], m)
-    ev = StockForward(models[0])
+    ev = StockForward(models[0], dtype, device)
     start = time.perf_counter()
     bar = tqdm(total=n + 1 + n * (n - 1) // 2 * (points - 2) + simplex_points, desc="barrier", disable=not progress)
 
@@ -96,9 +97,10 @@ def many_barrier(models: list[Model], batches: list[dict], weights: list[float] 
     }
 
 
-def triangle(models: list[Model], batches: list[dict], resolution: int = 10, progress: bool = True) -> dict:
+def triangle(models: list[Model], batches: list[dict], resolution: int = 10, progress: bool = True, dtype=None,
+             device=None) -> dict:
     """Loss and accuracy on the triangular grid of three models (barycentric steps of 1/resolution)."""
-    ev = StockForward(models[0])
+    ev = StockForward(models[0], dtype, device)
     pts = [[i / resolution, j / resolution, (resolution - i - j) / resolution]
            for i in range(resolution + 1) for j in range(resolution + 1 - i)]
     res = [ev.scores(mix(models, p), batches) for p in tqdm(pts, desc="triangle", disable=not progress)]

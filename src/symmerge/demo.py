@@ -4,6 +4,10 @@ Built-in default: two small ViTs on scikit-learn's 8x8 digits (no files needed).
 two small character-level GPT-2s. Every method works on the same pair and is evaluated on the same
 test batches with the same barrier harness; the endpoints are checked to compute their inputs'
 functions before a barrier is reported.
+
+`device` and `dtype` (`devices`) place every forward: the training (autocast, float32 weights), the
+learned and dual matching, and the barriers; the endpoint checks stay float64 (they measure the
+weights, not the arithmetic).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from . import SymmergeError
 from .apply import apply
 from .barrier import barrier
 from .data import load_batches
+from .devices import DTYPES
 from .evaluate import StockForward
 from .match import registry
 from .model import Model, load_model
@@ -45,6 +50,8 @@ class DemoArgs:
     methods: tuple[str, ...] = METHODS
     force: bool = False
     progress: bool = True
+    device: str = "cpu"
+    dtype: str | None = None  # the forwards' working precision (devices.DTYPES); None: the checkpoints' own
 
 
 def _arch(data: str) -> str:
@@ -54,7 +61,9 @@ def _arch(data: str) -> str:
 
 
 def _settings(args: DemoArgs) -> dict:
-    return {"data": str(args.data), "seeds": list(args.seeds), "train_steps": args.train_steps, "arch": _arch(args.data)}
+    """What a trained pair is reused for (the dtype only when given: pairs trained before it existed are reused)."""
+    return {"data": str(args.data), "seeds": list(args.seeds), "train_steps": args.train_steps, "arch": _arch(args.data),
+            **({"dtype": args.dtype} if args.dtype else {})}
 
 
 def _train_pair(args: DemoArgs, out: Path) -> tuple[Path, Path]:
@@ -69,7 +78,8 @@ def _train_pair(args: DemoArgs, out: Path) -> tuple[Path, Path]:
     record.unlink(missing_ok=True)
     for seed, path in zip(args.seeds, paths):
         train(TrainArgs(arch=_arch(args.data), preset="demo", data=args.data, seed=seed, out=str(path),
-                        steps=args.train_steps, force=True, progress=args.progress))
+                        steps=args.train_steps, force=True, progress=args.progress, device=args.device,
+                        dtype=args.dtype or "float32"))
     record.write_text(json.dumps(_settings(args)))
     return paths
 
@@ -80,12 +90,17 @@ def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: 
         return a.params, b.params, {}
     opts = {"max_iters": args.match_iters, "steps": args.learn_steps, "eval_every": max(1, args.learn_steps // 5),
             "lr": args.learn_lr}
+    place = {"device": args.device, "dtype": str(_working(args, a)).replace("torch.", "")}
     res = registry.align(method, a, b, b.spec.default_families(), registry.Data(train_batches, val_batches), opts,
-                         progress=args.progress)
+                         progress=args.progress, **(place if registry.get(method).forward else {}))
     pa = apply(a.spec, res.elements["A"], a.params) if "A" in res.elements else a.params
     row = SUMMARY.get(method)
     info = {row[0]: res.figures.get(row[1])} if row else {}
     return pa, apply(b.spec, res.elements["B"], b.params), info
+
+
+def _working(args: DemoArgs, a: Model) -> torch.dtype:
+    return DTYPES[args.dtype] if args.dtype else a.dtype
 
 
 def run_demo(args: DemoArgs) -> dict:
@@ -100,14 +115,14 @@ def run_demo(args: DemoArgs) -> dict:
     train_batches = load_batches(path_a, args.data, "train", batch_size=32 if _arch(args.data) == "vit" else 8)
     val = load_batches(path_a, args.data, "validation", batch_size=64 if _arch(args.data) == "vit" else 16, max_batches=4)
     # re-parameterised endpoints must compute their inputs' functions (float64: the weights, not the arithmetic)
-    checks = StockForward(a, torch.float64), StockForward(b, torch.float64)
+    checks = StockForward(a, torch.float64, args.device), StockForward(b, torch.float64, args.device)
     rows = []
     for method in args.methods:
         start = time.perf_counter()
         pa, pb, info = _aligned(method, a, b, train_batches, val, args)
         gap = max(checks[0].logit_change(pa, test[0]), checks[1].logit_change(pb, test[0]))
         end_a, end_b = dataclasses.replace(a, params=pa), dataclasses.replace(b, params=pb)
-        curve = barrier(end_a, end_b, test, points=11, progress=False)
+        curve = barrier(end_a, end_b, test, points=11, progress=False, dtype=_working(args, a), device=args.device)
         # "seconds" last: the barrier's own "seconds" would otherwise hide the method's total
         rows.append({"method": method, "label": LABELS[method], "max_endpoint_logit_change": gap, **curve, **info,
                      "barrier_seconds": curve["seconds"], "seconds": time.perf_counter() - start})

@@ -3,14 +3,20 @@
 Determinism: the seed fixes the initialisation (`torch.manual_seed(seed)` before the HF constructor)
 and the data order (epoch e visits the training items in `randperm(n)` drawn from a generator seeded by
 `(seed, e)`; step k reads batch k mod n//B of epoch k div n//B, so the loader position is the step).
-Deterministic algorithms are switched on while training; with the same torch build and thread count
-the same seed gives bitwise the same weights.
+Deterministic algorithms are switched on while training; with the same torch build, device and thread
+count the same seed gives bitwise the same weights.
+
+Device and precision (`devices`): the model trains on `device`; with `dtype` bfloat16 or float16 the
+forward and backward run under autocast while the master weights, AdamW's state and the written
+checkpoint stay float32 (float16 also scales the loss, `torch.amp.GradScaler`, whose state is saved).
+The dtype is part of the run's settings (a resumed run must use the same); the device is not.
 
 Resuming: `OUT/.train_state/` holds the model skeleton (config + tokenizer or preprocessor config),
 `params.safetensors` (parameters), `optim.safetensors` (AdamW moments and step counts), `rng.safetensors`
-(torch's CPU RNG state) and `state.json` (step, loader position, LR-schedule position, run settings,
-per-step losses). It is written atomically every `save_every` steps; a resumed run repeats exactly the
-computation an uninterrupted one would have done (tested bitwise). No pickles anywhere.
+(torch's CPU RNG state; the presets have no dropout, so no device RNG is drawn from) and `state.json` (step,
+loader position, LR-schedule position, run settings, per-step losses, the loss scaler's state). It is
+written atomically every `save_every` steps; a resumed run repeats exactly the computation an
+uninterrupted one would have done (tested bitwise). No pickles anywhere.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from safetensors.torch import load_file, save_file
 
 from . import SymmergeError
 from .data import load_items, read_text
+from .devices import DTYPES, autocast
+from .evaluate import model_inputs
 from .images import is_image_source, load_images, processor_config, write_processor_config
 from .io import AtomicFolder, prepare_output
 from .presets import HF_CLASSES, Preset, get_preset, lm_config, reshaped, vit_config
@@ -60,14 +68,18 @@ class TrainArgs:
     progress: bool = True
     stop_after: int | None = None  # save the state and stop after this many steps (simulates an interruption)
     shape: dict | None = None  # overrides of the preset's shape (presets.SHAPE_FIELDS), e.g. {"d_model": 256}
+    device: str = "cpu"  # where training runs (checked by devices.resolve_device in the command)
+    dtype: str = "float32"  # of the forward and backward under autocast (devices.DTYPES); weights stay float32
 
     def __post_init__(self):
         self.shape = {k: v for k, v in (self.shape or {}).items() if v is not None} or None  # flags not given
+        if self.dtype not in DTYPES:
+            raise SymmergeError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
 
     def run_key(self, p: Preset) -> dict:
         """The settings a resumed run must share with the interrupted one (the shape only when overridden,
         so runs saved before shape overrides existed still resume)."""
-        return ({"shape": self.shape} if self.shape else {}) | {
+        return ({"shape": self.shape} if self.shape else {}) | ({"dtype": self.dtype} if self.dtype != "float32" else {}) | {
                 "arch": self.arch, "preset": self.preset, "data": str(self.data), "seed": self.seed,
                 "tokenizer": self.tokenizer if self.arch != "vit" else None, "vocab_size": self.vocab_size,
                 "steps": self.steps or p.steps, "batch_size": self.batch_size or p.batch_size, "lr": self.lr or p.lr,
@@ -119,7 +131,7 @@ def _new_model(args: TrainArgs, skeleton: Path):
 
     config = transformers.AutoConfig.from_pretrained(str(skeleton), local_files_only=True)
     torch.manual_seed(args.seed)
-    return getattr(transformers, HF_CLASSES[args.arch])(config).to(torch.float32)
+    return getattr(transformers, HF_CLASSES[args.arch])(config).to(torch.float32).to(torch.device(args.device))
 
 
 def _optimizer(model, p: Preset, lr: float):
@@ -133,9 +145,9 @@ def save_state(model, opt, step: int, info: dict, state_dir: Path, skeleton: Pat
     """Write the resumable state atomically (parameters, optimiser, RNG, JSON)."""
     with AtomicFolder(state_dir) as tmp:
         shutil.copytree(skeleton, tmp / SKELETON)
-        save_file({k: v.detach().contiguous() for k, v in model.named_parameters()}, str(tmp / "params.safetensors"))
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.named_parameters()}, str(tmp / "params.safetensors"))
         sd = opt.state_dict()
-        tensors = {f"{i}.{k}": v.contiguous() for i, st in sd["state"].items() for k, v in st.items()}
+        tensors = {f"{i}.{k}": v.cpu().contiguous() for i, st in sd["state"].items() for k, v in st.items()}
         save_file(tensors, str(tmp / "optim.safetensors"))
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
@@ -191,13 +203,34 @@ def _start(args: TrainArgs, p: Preset, skeleton: Path, state_dir: Path):
     return model, opt, items, info
 
 
-def _step(model, opt, batch: dict, lr: float, clip: float) -> float:
+def _scaler(args: TrainArgs, info: dict):
+    """float16's loss scaler, from the saved state when there is one; None for the other dtypes."""
+    if args.dtype != "float16":
+        return None
+    scaler = torch.amp.GradScaler(torch.device(args.device).type)
+    if info.get("scaler"):
+        scaler.load_state_dict(info["scaler"])
+    return scaler
+
+
+def _step(model, opt, batch: dict, lr: float, clip: float, dtype: torch.dtype, scaler=None) -> float:
+    """One AdamW step: the forward under autocast to `dtype` (float32 master weights), gradients clipped
+    (unscaled first when float16 scales the loss)."""
     for g in opt.param_groups:
         g["lr"] = lr
-    loss = model(**batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)
-    opt.step()
+    params = next(model.parameters())
+    with autocast(params.device, dtype):
+        loss = model(**model_inputs(batch, torch.float32, params.device, labels=True)).loss
+    if scaler is None:
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)
+        scaler.step(opt)
+        scaler.update()
     opt.zero_grad(set_to_none=True)
     return float(loss.detach())
 
@@ -214,11 +247,15 @@ def _loop(args, p, model, opt, items, state_dir, skeleton, info) -> dict:
     bar = tqdm(range(info["step"], stop), initial=info["step"], total=steps, disable=not args.progress,
                desc=f"train {args.arch}/{args.preset} seed {args.seed}", dynamic_ncols=True)
     model.train()
+    scaler = _scaler(args, info)
     for step in bar:
         idx = batch_indices(n, bs, args.seed, step)
         lr = lr_at(step, steps, p, lr0, info["run"]["warmup"])
-        info["losses"].append(_step(model, opt, {k: v[idx] for k, v in items.items()}, lr, p.clip))
+        info["losses"].append(_step(model, opt, {k: v[idx] for k, v in items.items()}, lr, p.clip, DTYPES[args.dtype],
+                                    scaler))
         info["position"] = {"epoch": (step + 1) // (n // bs), "batch": (step + 1) % (n // bs)}
+        if scaler is not None:
+            info["scaler"] = scaler.state_dict()
         bar.set_postfix(loss=f"{info['losses'][-1]:.4f}", lr=f"{lr:.2e}")
         if (step + 1) % every == 0 or step + 1 == stop:
             save_state(model, opt, step + 1, info, state_dir, skeleton)
@@ -278,10 +315,11 @@ def _write_output(model, out: Path, skeleton: Path, args: TrainArgs, p: Preset, 
         "data_resolved": args.data if args.data == "digits" else str(Path(args.data).resolve()),
         "gpt2_bpe": args.gpt2_bpe, "steps_done": info["step"], "n_train_items": info["n_train"],
         "threads": info["threads"], "torch": torch.__version__, "wall_s": round(info["wall_s"], 1),
+        "device": args.device, "dtype": args.dtype,
         "final_train_loss": sum(tail) / len(tail), "validation": evals["validation"], "test": evals["test"],
     }}
     with AtomicFolder(out) as tmp:
-        model.save_pretrained(str(tmp))
+        model.to("cpu").save_pretrained(str(tmp))
         for name in SIDE:
             if (skeleton / name).is_file():
                 shutil.copy2(skeleton / name, tmp / name)

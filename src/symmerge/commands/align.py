@@ -6,7 +6,7 @@ dual: OUT/A and OUT/B, each its input re-parameterised, so that the straight lin
 
 from __future__ import annotations
 
-from .. import SymmergeError
+from .. import SymmergeError, devices
 from ..match import registry
 from ..report import write as write_report
 from ..spec import FAMILIES
@@ -38,7 +38,12 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
+    devices.add_arguments(p, f"the forward of {'/'.join(forward_methods())}")
     p.set_defaults(run=run)
+
+
+def forward_methods() -> list[str]:
+    return [m.name for m in registry.MATCHERS.values() if m.forward]
 
 
 def _add_option(p, opt) -> None:
@@ -156,6 +161,10 @@ def run(args) -> int:
     from ..io import prepare_output
 
     matcher = registry.get(args.method)
+    place = devices.resolve(args)
+    if not matcher.forward and (args.device or args.dtype):
+        raise SymmergeError(f"--device and --dtype are for --method {' or '.join(forward_methods())}; "
+                            f"{args.method} matching runs on the CPU in float64")
     opts = registry.options_for(matcher.name, vars(args))
     if not args.resume:
         prepare_output(args.out, args.force, [args.a, args.b])  # fail before any work
@@ -167,7 +176,7 @@ def run(args) -> int:
     families = default_families(args)
     registry.check(matcher.name, families, opts)
     if matcher.validates:
-        return run_learned(args, matcher, families, opts)
+        return run_learned(args, matcher, families, opts, place)
     rep = (align_streamed if matcher.streams else align_in_memory)(args, matcher, families, opts)
     if args.json:
         write_report(args.json, "align", rep)
@@ -185,7 +194,7 @@ def default_families(args) -> list[str] | None:
     return LazyModel(args.b).spec.default_families()
 
 
-def run_learned(args, matcher, families, opts) -> int:
+def run_learned(args, matcher, families, opts, place) -> int:
     """Learn against the loss on the path, from the solution of the matcher it starts from (weight
     matching, absorbed into B); OUT = g·B, or OUT/A and OUT/B for dual."""
     from ..match.learn_loop import Result
@@ -195,7 +204,7 @@ def run_learned(args, matcher, families, opts) -> int:
     a, b = _load_pair(args, families)
     ckpt = open_checkpoint(args.out, args.force, args.resume)
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True, checkpoint=ckpt,
-                            resume=args.resume)
+                            resume=args.resume, **learn_placement(place, a.dtype))
     rep = finish_learned(Result(result.elements, result.figures), a, b, args.out, args.force, data.val[0], ckpt,
                          dtype=out_dtype.resolve(args))
     start = result.start.figures
@@ -206,3 +215,8 @@ def run_learned(args, matcher, families, opts) -> int:
     before, after = rep.get("barrier_before"), rep.get("barrier_after")
     print(f"wrote {args.out}: {args.method} matching, validation barrier {before} -> {after}; largest logit change {gaps}")
     return 0
+
+
+def learn_placement(place, storage) -> dict:
+    """The runtime `device` and `dtype` of learned/dual matching (`LearnConfig` fields) from a placement."""
+    return {"device": str(place.device), "dtype": str(place.working(storage)).replace("torch.", "")}

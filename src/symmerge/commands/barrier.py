@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import devices
 from .checks import at_least, check_report_file
 
 
@@ -34,6 +35,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="n > 2: seed of the Dirichlet points (default: 0)")
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG plot of the curves (n = 3: the loss over the triangle)")
+    devices.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -46,10 +48,11 @@ def run(args) -> int:
 
     if len(args.models) < 2:
         raise SymmergeError(f"a barrier needs at least two models, got {len(args.models)}")
+    place = devices.resolve(args)
     if len(args.models) > 2:
         from .barrier_many import run_many
 
-        return run_many(args)
+        return run_many(args, place)
     if args.weights is not None or args.simplex_points is not None or args.seed is not None:
         raise SymmergeError("--weights, --simplex-points and --seed are for three or more models")
     args.a, args.b = args.models
@@ -58,8 +61,10 @@ def run(args) -> int:
     a, b = load_model(args.a), load_model(args.b)
     a, b = widest(a, b)  # mixed widths: the narrower expanded into the wider
     batches = load_batches(args.a, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
-    result = barrier(a, b, batches, args.points, args.refine)
-    result.update({"a": str(args.a), "b": str(args.b), "data": str(args.data), "split": args.split})
+    dtype = place.working(a.dtype)
+    result = barrier(a, b, batches, args.points, args.refine, dtype=dtype, device=place.device)
+    result.update({"a": str(args.a), "b": str(args.b), "data": str(args.data), "split": args.split,
+                   **placed(place, dtype)})
     print(f"{'λ':>6} {'loss':>10} {'accuracy':>9}")
     for lam, loss, acc in zip(result["lambdas"], result["loss"], result["accuracy"]):
         print(f"{lam:6.3f} {loss:10.4f} {acc:9.4f}")
@@ -72,3 +77,8 @@ def run(args) -> int:
     if args.plot:
         plot(result, args.plot, f"{Path(args.a).name} → {Path(args.b).name}")
     return 0
+
+
+def placed(place, dtype) -> dict:
+    """The report's record of where the forward ran."""
+    return {"device": str(place.device), "dtype": str(dtype).replace("torch.", "")}

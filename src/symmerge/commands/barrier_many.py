@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import SymmergeError
+from .barrier import placed
 from .checks import check_report_file
 
 
@@ -23,7 +24,8 @@ def check(args) -> list[float]:
     return weights
 
 
-def run_many(args) -> int:
+def run_many(args, place) -> int:
+    """The barrier of three or more models, the forward placed by `place` (`devices.Placement`)."""
     from ..barrier_many import many_barrier, plot_triangle, triangle
     from ..data import load_batches
     from ..model import load_model
@@ -36,8 +38,10 @@ def run_many(args) -> int:
     batches = load_batches(args.models[0], args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
     k = 16 if args.simplex_points is None else args.simplex_points
     seed = 0 if args.seed is None else args.seed
-    result = many_barrier(models, batches, weights, args.points, k, seed)
-    result.update({"models": [str(p) for p in args.models], "data": str(args.data), "split": args.split})
+    dtype = place.working(models[0].dtype)
+    result = many_barrier(models, batches, weights, args.points, k, seed, dtype=dtype, device=place.device)
+    result.update({"models": [str(p) for p in args.models], "data": str(args.data), "split": args.split,
+                   **placed(place, dtype)})
     for i, (p, loss, acc) in enumerate(zip(args.models, result["endpoint_losses"], result["endpoint_accuracies"])):
         print(f"M{i + 1} {p}: loss {loss:.4f}, accuracy {acc:.4f}")
     print(f"weighted average: loss {result['average_loss']:.4f} (excess {result['average_excess']:.4f}), "
@@ -46,7 +50,7 @@ def run_many(args) -> int:
           f"simplex barrier {result['simplex_barrier']:.4f} over {k} Dirichlet points (accuracy "
           f"{result['simplex_accuracy_barrier']:.4f})")
     if args.plot:
-        grid = triangle(models, batches)
+        grid = triangle(models, batches, dtype=dtype, device=place.device)
         result["triangle"] = grid
         plot_triangle(grid, args.plot, [Path(p).name for p in args.models])
     if args.json:

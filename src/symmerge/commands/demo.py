@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .. import devices
+
 
 def register(sub) -> None:
     from ..match.registry import COMPARED as METHODS  # not symmerge.demo (training, plotting) just to parse
@@ -17,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--test-batches", type=int, default=8, help="test batches the barriers are measured on")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--force", action="store_true", help="replace a folder that holds another run")
+    devices.add_arguments(p, "every forward (training under autocast, matching, barriers)")
     p.set_defaults(run=run)
 
 
@@ -24,6 +27,7 @@ def run(args) -> int:
     from .. import SymmergeError
     from ..demo import DemoArgs, format_table, run_demo
 
+    place = devices.resolve(args)
     try:
         seeds = tuple(int(s) for s in args.seeds.split(","))
     except ValueError:
@@ -33,7 +37,8 @@ def run(args) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     report = run_demo(DemoArgs(out=args.out, data=args.data, seeds=seeds, train_steps=args.train_steps,
                                learn_steps=args.learn_steps, match_iters=args.match_iters,
-                               test_batches=args.test_batches, methods=methods, force=args.force))
+                               test_batches=args.test_batches, methods=methods, force=args.force,
+                               device=str(place.device), dtype=args.dtype))
     print(format_table(report))
     print(f"report: {args.out}/demo-report.json, plot: {args.out}/demo-barriers.png")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .. import devices
 from .checks import at_least, check_report_file
 
 
@@ -16,6 +17,7 @@ def register(sub) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="window length in tokens (default: the model's context)")
     p.add_argument("--max-batches", type=at_least(1), default=None, help="evaluate only the first N batches")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON to FILE")
+    devices.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -33,8 +35,10 @@ def run(args) -> int:
     from ..io import Checkpoint, load_config
     from ..model import hf_class
 
+    place = devices.resolve(args)
     check_report_file(args.json, "--json")
     ckpt = Checkpoint(args.model)  # refuses pickles and folders without safetensors
+    dtype = place.working(ckpt.dtype())
     batches = load_batches(args.model, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
     config = load_config(Path(args.model))
     names = getattr(config, "architectures", None) or []
@@ -44,14 +48,16 @@ def run(args) -> int:
         cls = hf_class(names[0])
     except AttributeError:
         raise SymmergeError(f"{args.model}: transformers has no class {names[0]} (config.json architectures)") from None
-    model = cls.from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True)
+    model = cls.from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True, dtype=dtype)
+    model.to(place.device)
     res = evaluate(model, batches)
     unit = "image" if is_vision(config) else "token"
     print(f"{args.model} on {args.data} [{args.split}]: loss/{unit} {res['loss']:.4f} ± {res['loss_se']:.4f}, "
           f"accuracy {res['accuracy']:.4f} ± {res['accuracy_se']:.4f} "
           f"({res['n_items']} {'images' if unit == 'image' else 'sequences'}, {res['n_scored']} scored, {res['n_batches']} batches)")
     if args.json:
-        rec = jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split})
+        rec = jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split,
+                              "device": str(place.device), "dtype": str(dtype).replace("torch.", "")})
         from ..report import write
 
         write(args.json, "eval", rec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import devices
 from ..presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
 
 
@@ -35,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue the interrupted run saved in OUT/.train_state")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (results are bitwise reproducible for a fixed count)")
+    devices.add_arguments(p, "training and the final evaluation", dtype_default="float32", dtype_help=(
+        "precision of the forward and backward (autocast; the master weights, the optimiser state and the written "
+        "checkpoint stay float32)"))
     p.set_defaults(run=run)
 
 
@@ -43,12 +47,14 @@ def run(args) -> int:
 
     from ..train import TrainArgs, train
 
+    place = devices.resolve(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     targs = TrainArgs(arch=args.arch, preset=args.preset, data=args.data, seed=args.seed, out=args.out,
                       tokenizer=args.tokenizer, gpt2_bpe=args.gpt2_bpe, vocab_size=args.vocab_size, steps=args.steps,
                       batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, save_every=args.save_every, resume=args.resume,
-                      force=args.force, shape={k: getattr(args, k) for k in SHAPE_FIELDS + NEOX_FIELDS})
+                      force=args.force, shape={k: getattr(args, k) for k in SHAPE_FIELDS + NEOX_FIELDS},
+                      device=str(place.device), dtype=args.dtype)
     out = train(targs)
     import json
 

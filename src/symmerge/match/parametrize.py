@@ -92,7 +92,7 @@ def greedy_signs(q: torch.Tensor) -> torch.Tensor:
 
 def _real_log(m: torch.Tensor, what: str, method: str) -> torch.Tensor:
     """A real matrix logarithm of each `[n, n]` matrix (batched), or a SymmergeError."""
-    flat = m.reshape(-1, *m.shape[-2:]).numpy()
+    flat = m.detach().cpu().reshape(-1, *m.shape[-2:]).numpy()  # scipy's logm: on the host, whatever m's device
     logs = []
     for x in flat:
         if x.shape[-1] and np.linalg.det(x) <= 0:
@@ -104,7 +104,7 @@ def _real_log(m: torch.Tensor, what: str, method: str) -> torch.Tensor:
                 raise SymmergeError(f"this element of {what} has no real logarithm; use polar or direct")
             lg = lg.real
         logs.append(lg)
-    return torch.as_tensor(np.stack(logs), dtype=DTYPE).reshape(m.shape)
+    return torch.as_tensor(np.stack(logs), dtype=DTYPE, device=m.device).reshape(m.shape)
 
 
 # --- orthogonal cores (size m, any batch) ------------------------------------------------------------

@@ -10,7 +10,8 @@ A matcher is registered with
 - `options`: the names of the `OPTIONS` it reads (the starting matcher's options are read too);
 - `run(a, b, families, data, opts, start, **runtime) -> Alignment`, `opts` holding every option of
   the matcher and its start (`options_for`), `runtime` what does not change the result (`progress`)
-  or belongs to one call (`checkpoint`, `resume` of learned matching).
+  or belongs to one call (`checkpoint`, `resume` of learned matching; `device`, `dtype` of the
+  matchers with `forward`: where their forward runs, `devices.Placement`).
 
 A matcher may also have a many-model form (`many`), run by `align_many` for `symmerge merge`: every model
 brought into shared coordinates, its options the matcher's and `MANY_OPTIONS`.
@@ -121,6 +122,7 @@ class Matcher:
     validates: bool = False
     starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
+    forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
     check: Callable | None = None  # check(families, opts): refuse bad options before any work
     many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
 
@@ -148,11 +150,12 @@ def _run_activation(a, b, families, data, opts, start, progress: bool = False) -
     return _from_match("activation", activation_match(a, b, data.train, families))
 
 
-def _learn_config(method: str, families, opts, progress: bool = True) -> LearnConfig:
+def _learn_config(method: str, families, opts, progress: bool = True, device: str = "cpu",
+                  dtype: str = "float32") -> LearnConfig:
     cfg = LearnConfig(method=method, groups=families, param=opts["param"], steps=opts["steps"], lr=opts["lr"],
                       lam_range=opts["lam_range"], lam_sampling=opts["lam_sampling"], seed=opts["seed"],
                       eval_every=opts["eval_every"], patience=opts["patience"], grid_points=opts["val_points"],
-                      progress=progress)
+                      progress=progress, device=device, dtype=dtype)
     cfg.validate()
     return cfg
 
@@ -162,10 +165,10 @@ def _check_learned(method: str, families, opts) -> None:
 
 
 def _run_learned(method: str, a, b, families, data, opts, start, progress: bool = True, checkpoint=None,
-                 resume: bool = False) -> Alignment:
+                 resume: bool = False, device: str = "cpu", dtype: str = "float32") -> Alignment:
     from .learned import learn
 
-    cfg = _learn_config(method, families, opts, progress)
+    cfg = _learn_config(method, families, opts, progress, device, dtype)
     res = learn(a, b, data.train, data.val, cfg, init=start.elements["B"], checkpoint=checkpoint, resume=resume)
     return Alignment(method, res.elements, res.report, start)
 
@@ -206,10 +209,10 @@ MATCHERS = {m.name: m for m in (
     Matcher("activation", "activation matching", "match activations on --data", True, _run_activation),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
             "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
-            validates=True, starts_from="weight", check=partial(_check_learned, "learned")),
+            validates=True, starts_from="weight", check=partial(_check_learned, "learned"), forward=True),
     Matcher("dual", "dual learned matching", "learn both endpoints' continuous symmetries (from the "
             "weight-matching solution)", True, partial(_run_learned, "dual"), _LEARN_OPTIONS,
-            validates=True, starts_from="weight", check=partial(_check_learned, "dual")),
+            validates=True, starts_from="weight", check=partial(_check_learned, "dual"), forward=True),
 )}
 
 
