@@ -149,6 +149,15 @@ def test_train_in_float16_scales_the_loss_and_resumes_bit_exactly(lab, tmp_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_align_learned_in_bfloat16_runs_there_and_writes_the_inputs_dtype(lab, tmp_path):
+    out = tmp_path / "out"
+    rep = _json(["align", str(lab["a"]), str(lab["b"]), "-o", str(out), "--method", "learned", "--data", str(lab["text"]),
+                 "--steps", "2", "--eval-every", "1", "--max-batches", "1", "--val-batches", "1", "--val-points", "3",
+                 "--dtype", "bfloat16", "--device", "cpu"], tmp_path / "align.json")
+    assert rep["settings"]["dtype"] == "bfloat16"
+    assert {v.dtype for v in load_file(str(out / "model.safetensors")).values()} == {torch.float32}
+
+
 # --- the checks ---------------------------------------------------------------------------------------
 
 def test_device_syntax_and_the_gpu_checks(monkeypatch):
