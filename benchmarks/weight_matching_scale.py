@@ -1,9 +1,11 @@
-"""Streaming weight matching at Pythia shapes: time per sweep by kind of work, and peak memory against depth.
+"""Streaming weight matching at Pythia and Llama-2-7B shapes: time per sweep by kind of work, and peak memory.
 
-Two random-initialised GPT-NeoX checkpoints with the shapes of Pythia-410M or Pythia-1.4B (HF's
+Two random-initialised checkpoints with the shapes of Pythia-410M or Pythia-1.4B (GPT-NeoX; HF's
 initialisation: weights N(0, 0.02), LayerNorm weights 1, biases 0; vocabulary 50,304, 16 heads, 25%
-rotary) are written in bf16 as sharded safetensors, then `weight_match` reads them part by part
-(`model.LazyModel`, algebra in float32 by default) for the start pass and `--sweeps` sweeps. Printed:
+rotary) or Llama-2-7B / OLMo-7B (LlamaForCausalLM: d 4096, 32 layers, 32 heads, SwiGLU FFN 11008,
+vocabulary 32,000, RMSNorm weights 1) are written in bf16 as sharded safetensors, then `weight_match`
+reads them part by part (`model.LazyModel`, algebra in float32 by default; `--cost-products bfloat16`
+for the assignment costs from bf16 products) for the start pass and `--sweeps` sweeps. Printed:
 
 - seconds per sweep split into reading (safetensors -> canonical tensors), linear assignment,
   Procrustes and head maps (every SVD/eigen solve), and cost matrices (the rest: the residual
@@ -13,6 +15,10 @@ rotary) are written in bf16 as sharded safetensors, then `weight_match` reads th
 
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-410m
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-1.4b --folder /tmp/wm-scale
+    PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape llama-2-7b --cost-products bfloat16
+
+Each part read is also logged as it happens (`part KEY at T s, RSS R GiB`), so that a run stopped early
+still gives the seconds per block and the memory.
 """
 
 from __future__ import annotations
@@ -28,9 +34,29 @@ import symmerge.match.residual as residual_mod
 import symmerge.match.weight as weight_mod
 import symmerge.match.weight_steps as steps_mod
 from symmerge.io import ShardWriter
+from symmerge.match.weight_products import CHOICES
 from symmerge.model import LazyModel, expected_tensors, part_keys
 
-SHAPES = {"pythia-70m": (512, 6, 8), "pythia-410m": (1024, 24, 16), "pythia-1.4b": (2048, 24, 16)}  # d, layers, heads
+SHAPES = {"pythia-70m": (512, 6, 8), "pythia-410m": (1024, 24, 16), "pythia-1.4b": (2048, 24, 16),
+          "llama-2-7b": (4096, 32, 32)}  # d, layers, heads
+
+
+def shape_config(name: str):
+    """The HF config of a shape: GPT-NeoX (Pythia) or Llama (Llama-2-7B; OLMo-7B has the same sizes)."""
+    import transformers as T
+
+    d, layers, heads = SHAPES[name]
+    if name.startswith("llama"):
+        config = T.LlamaConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
+                               num_key_value_heads=heads, intermediate_size=11008, vocab_size=32000,
+                               max_position_embeddings=4096, tie_word_embeddings=False, torch_dtype="bfloat16")
+        config.architectures = ["LlamaForCausalLM"]
+        return config
+    config = T.GPTNeoXConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * d,
+                             vocab_size=50304, rotary_pct=0.25, max_position_embeddings=2048, tie_word_embeddings=False,
+                             use_parallel_residual=True, torch_dtype="bfloat16")
+    config.architectures = ["GPTNeoXForCausalLM"]
+    return config
 
 
 def rss_gib() -> float:
@@ -38,23 +64,17 @@ def rss_gib() -> float:
 
 
 def write_random_checkpoint(folder: Path, name: str, seed: int) -> None:
-    """A random-initialised bf16 GPTNeoXForCausalLM of the shape's config, written tensor by tensor."""
-    import transformers as T
-
+    """A random-initialised bf16 checkpoint of the shape's config, written tensor by tensor."""
     if (folder / "config.json").is_file():
         return
-    d, layers, heads = SHAPES[name]
-    config = T.GPTNeoXConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * d,
-                             vocab_size=50304, rotary_pct=0.25, max_position_embeddings=2048, tie_word_embeddings=False,
-                             use_parallel_residual=True, torch_dtype="bfloat16")
-    config.architectures = ["GPTNeoXForCausalLM"]
+    config = shape_config(name)
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     writer = ShardWriter(folder, 2 * 1024**3)
-    for key, shape in expected_tensors(config, "GPTNeoXForCausalLM").items():
+    for key, shape in expected_tensors(config, config.architectures[0]).items():
         if key.endswith("bias"):
             t = torch.zeros(shape)
-        elif "layernorm" in key or "layer_norm" in key:
+        elif "layernorm" in key or "layer_norm" in key or key.endswith("norm.weight"):
             t = torch.ones(shape)
         else:
             t = torch.randn(shape, generator=gen) * 0.02
@@ -80,11 +100,13 @@ class Timed:
 class Source:
     """A LazyModel that timestamps each part read and notes the peak RSS at the middle block."""
 
-    def __init__(self, lazy: LazyModel, log: list):
-        self.lazy, self.log = lazy, log
+    def __init__(self, lazy: LazyModel, log: list, echo: bool = False):
+        self.lazy, self.log, self.echo = lazy, log, echo
 
     def part(self, key):
         self.log.append((key, time.perf_counter(), rss_gib()))
+        if self.echo:
+            print(f"part {key} at {self.log[-1][1] - self.log[0][1]:.1f} s, RSS {self.log[-1][2]:.2f} GiB", flush=True)
         return self.lazy.part(key)
 
 
@@ -94,7 +116,8 @@ def main() -> None:
     ap.add_argument("--folder", default="/tmp/wm-scale", help="where the two checkpoints are written (reused)")
     ap.add_argument("--sweeps", type=int, default=1)
     ap.add_argument("--precision", choices=("float32", "float64"), default="float32")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cost-products", choices=CHOICES, default=CHOICES[0])
     ap.add_argument("--write-only", action="store_true", help="only write the two checkpoints")
     ap.add_argument("--groups", default=None, help="comma-separated families (default: the spec's default families, as align)")
     args = ap.parse_args()
@@ -119,15 +142,15 @@ def main() -> None:
     seconds: dict[str, float] = {}
     steps_mod.linear_assignment = Timed(steps_mod.linear_assignment, seconds, "assignment")
     steps_mod.solve_map = Timed(steps_mod.solve_map, seconds, "procrustes_maps")
-    residual_mod.procrustes = Timed(residual_mod.procrustes, seconds, "procrustes_maps")
+    residual_mod.best_rotation = Timed(residual_mod.best_rotation, seconds, "procrustes_maps")
     log: list = []
     fams = args.groups.split(",") if args.groups else a.spec.default_families()
-    res = weight_mod.weight_match(a.spec, Source(a, log), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
-                                  dtype=dtype, progress=True)
+    res = weight_mod.weight_match(a.spec, Source(a, log, echo=True), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
+                                  dtype=dtype, progress=False, products=args.cost_products)
     end, rss_end = time.perf_counter(), rss_gib()
     n_parts = len(keys)
-    sweep_start = log[n_parts][1]  # the first part read by sweep 1
-    mid = log[n_parts + 1 + a.shape.n_layers // 2]  # sweep 1 reaching the middle block
+    sweep_start = log[n_parts][1]  # the first part read by sweep 1 (sweeps read only the blocks: `weight_stream`)
+    mid = log[n_parts + a.shape.n_layers // 2]  # sweep 1 reaching the middle block
     sweeps = len(res.history) - 1
     per_sweep = (end - sweep_start) / sweeps
     kinds = res.extra["seconds_by_step_kind"]
@@ -138,14 +161,15 @@ def main() -> None:
     n = sum(t.numel() for k in ("embed", "final") for t in a.part(k).values()) + a.shape.n_layers * sum(
         t.numel() for t in a.part(0).values())
     print(f"{args.shape}: {a.shape.n_layers} layers, d={a.shape.d_model}, d_mlp={a.shape.d_mlp}, {n / 1e6:.0f}M "
-          f"canonical parameters, {args.precision} algebra, {args.threads} threads, groups {','.join(fams)}")
+          f"canonical parameters, {args.precision} algebra, cost products {args.cost_products}, {args.threads} threads, "
+          f"groups {','.join(fams)}")
     print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep")
     print(f"whole run {total:.1f}s = reading {reading:.1f} + assignment {assign:.1f} + procrustes/maps {maps:.1f} "
           f"+ cost matrices and the rest {cost:.1f}")
     print(f"floor: plain read of both {read_s:.1f}s + assignments per sweep {assign / sweeps:.1f}s; "
           f"sweep / floor = {per_sweep / (read_s + assign / sweeps):.2f}")
     print(f"peak RSS: at the middle block of sweep 1 {mid[2]:.2f} GiB, at the end {rss_end:.2f} GiB")
-    series = ", ".join(f"{k}: {r:.2f}" for k, _, r in log[n_parts:2 * n_parts])
+    series = ", ".join(f"{k}: {r:.2f}" for k, _, r in log[n_parts:n_parts + a.shape.n_layers])
     print(f"peak RSS (GiB) when sweep 1 starts reading each part: {series}")
     print(f"similarity {res.history[0]:.6f} -> {res.history[-1]:.6f}")
 

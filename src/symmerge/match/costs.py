@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import Action, Spec
+from .weight_products import EXACT, cross
 
 
 def touching(spec: Spec, group: str) -> dict[str, Action]:
@@ -29,15 +30,20 @@ def along(t: torch.Tensor, action: Action, keep: tuple[int, ...] = ()) -> torch.
     return x.reshape(*x.shape[: len(lead)], -1)
 
 
-def gram_cross(spec: Spec, group: str, A: dict, B: dict, names=None) -> torch.Tensor:
-    """`sum_t A_t B_t^T` along the group's axis (`[*batch, n, n]`); `names` restricts the tensors."""
-    total = None
+def gram_cross(spec: Spec, group: str, A: dict, B: dict, names=None, products=EXACT) -> torch.Tensor:
+    """`sum_t A_t B_t^T` along the group's axis (`[*batch, n, n]`); `names` restricts the tensors.
+
+    One product over every tensor at once (the tensors side by side along m), in the precision
+    `products` names (`weight_products.cross`)."""
+    xa, xb = [], []
     for name, a in touching(spec, group).items():
         if (names is not None and name not in names) or name not in A:
             continue
-        c = along(A[name], a) @ along(B[name], a).transpose(-1, -2)
-        total = c if total is None else total + c
-    return total
+        xa.append(along(A[name], a))
+        xb.append(along(B[name], a))
+    if not xa:
+        return None
+    return cross(torch.cat(xa, -1), torch.cat(xb, -1), products)
 
 
 def sides(spec: Spec, group: str, P: dict, names=None, keep_group: str | None = None):
@@ -64,13 +70,18 @@ def sides(spec: Spec, group: str, P: dict, names=None, keep_group: str | None = 
     return res
 
 
-def circuit_similarity(xa, xb, ya, yb) -> torch.Tensor:
+def circuit_similarity(xa, xb, ya, yb, products=EXACT) -> torch.Tensor:
     """`S[a, j, b, k] = <Xa_aj^T Ya_aj, Xb_bk^T Yb_bk>_F` for sides `[heads, q, n, m]`.
 
     The circuits `X^T Y` (e.g. W_Q^T W_K, or V^T O^T) are unchanged by the head-internal map
     (`(G X)^T (G^{-T} Y) = X^T Y`). They are never formed: `<X^T Y, X'^T Y'> = tr((X X'^T)(Y' Y^T))`,
-    a sum over the entrywise product of two n x n cross-Gram matrices.
+    a sum over the entrywise product of two n x n cross-Gram matrices, each pair of heads' taken from
+    one product of every row of A's side with every row of B's (`weight_products.cross`, in the
+    precision `products` names).
     """
-    xx = torch.einsum("ajim,bknm->ajbkin", xa, xb)  # [heads, q, heads, q, n, n]
-    yy = torch.einsum("ajim,bknm->ajbkin", ya, yb)
-    return (xx * yy).sum((-1, -2))
+    h, q, n, _ = xa.shape
+    grams = []
+    for sa, sb in ((xa, xb), (ya, yb)):  # rows (a, j, i) of A by rows (b, k, n) of B
+        c = cross(sa.reshape(h * q * n, -1), sb.reshape(h * q * n, -1), products)
+        grams.append(c.reshape(h, q, n, h, q, n))
+    return (grams[0] * grams[1]).sum((2, 5))  # [heads, q, heads, q]

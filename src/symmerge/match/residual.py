@@ -62,6 +62,25 @@ class ResidualFit:
             self.c[scaled] += (xa @ xb.T).to(G.DTYPE)
             self.bb[scaled].append(sqnorm(xb))
 
+    def add_distances(self, A: dict, Y: dict) -> None:
+        """One part's squared distances at one element: A's tensors and B's under the *whole* element.
+
+        Cheaper than `add` (no cross-covariance), but these terms are constants: `distance` is then
+        exact only at the residual element Y was moved by (the starting objective)."""
+        for name, a in A.items():
+            if a.dim() > 0:
+                self.aa.append(sqnorm(a))
+                self.const.append(sqdist(a, Y[name]))
+
+    def merge(self, other: ResidualFit) -> None:
+        """Add another fit's statistics (the parts it saw) to this one."""
+        for k in self.c:
+            self.c[k] += other.c[k]
+            self.bb[k] += other.bb[k]
+        self.aa += other.aa
+        self.aa_moved += other.aa_moved
+        self.const += other.const
+
     def norm2(self) -> float:
         return math.fsum(self.aa)
 

@@ -68,7 +68,7 @@ class MatchResult:
 
 def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters: int = 20,
                  tol: float = 1e-12, g0: dict | None = None, progress: bool = False,
-                 dtype: torch.dtype = G.DTYPE) -> MatchResult:
+                 dtype: torch.dtype = G.DTYPE, products: str | None = None) -> MatchResult:
     """The element g of the selected families making g·B closest to A.
 
     `A`, `B`: canonical parameter dicts, or anything with `part(key)` (a `model.LazyModel`), read one
@@ -79,7 +79,9 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     In the first sweep the residual element comes from the embeddings and head alone, whose other
     groups are all known; the per-block groups of that sweep judge only the tensors whose other
     groups are solved. `dtype`: the precision of the algebra (float32: less memory and
-    faster products at scale; the assignments cost the same).
+    faster products at scale; the assignments cost the same). `products`: "bfloat16" computes the cost
+    matrices that propose assignments from bfloat16 operands (`weight_products`; faster on CPUs with
+    AMX; candidates are still judged exactly); None: in `dtype`.
     """
     from tqdm.auto import tqdm
 
@@ -90,7 +92,7 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     spec = spec.restricted(families)  # residual_perm: the residual rotation restricted to permutations
     chosen = set(spec.select(families))
     g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
-    run = StreamRun(spec, src_a, src_b, chosen, dict(g))
+    run = StreamRun(spec, src_a, src_b, chosen, dict(g), None if products == "exact" else products)
     fit_rot, fit_scale = ROTATION in chosen, SCALE in chosen
     keys = part_keys(spec.shape)
 
@@ -106,8 +108,9 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
             run.set_residual(*ends.solve(*run.residual(), fit_rot, fit_scale))
     restarted = False
     for it in tqdm(range(max_iters), desc="weight matching", disable=not progress):
-        fit = ResidualFit(spec)
-        for key in tqdm(keys, desc=f"sweep {it + 1}", disable=not progress, leave=False):
+        fit = run.new_fit()
+        for key in tqdm([k for k in keys if k not in run.fixed_parts], desc=f"sweep {it + 1}", disable=not progress,
+                        leave=False):
             run.sweep_part(key, fit, first)
         old = run.residual()
         if fit_rot or fit_scale:

@@ -14,10 +14,13 @@ from .residual import sqdist, sqnorm
 
 
 class State:
-    """The current element, and the squared distance of every tensor under it (kept up to date)."""
+    """The current element, and the squared distance of every tensor under it (kept up to date).
 
-    def __init__(self, spec: Spec, A: dict, B: dict, g: dict):
-        self.spec, self.A, self.B, self.g = spec, A, B, g
+    `products`: the precision of the products behind the assignment costs (`weight_products.cross`);
+    distances are always in the tensors' own precision."""
+
+    def __init__(self, spec: Spec, A: dict, B: dict, g: dict, products: str | None = None):
+        self.spec, self.A, self.B, self.g, self.products = spec, A, B, g, products
         self.names = [n for n, t in A.items() if t.dim() > 0]  # norm.eps moves with the scale: not a weight
         self.norm2 = math.fsum(sqnorm(A[n]) for n in self.names)
         self.terms = self._terms(self.names, g)

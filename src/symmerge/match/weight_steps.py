@@ -71,7 +71,7 @@ def solve_scaling(st: State, name: str, allowed) -> dict:
 def _solve_permutation(st: State, name: str, allowed) -> dict:
     touched = [t for t in costs.touching(st.spec, name) if t in st.A]
     bp = st.moved(touched, without(st.g, [name]))
-    s = costs.gram_cross(st.spec, name, st.A, bp, allowed)
+    s = costs.gram_cross(st.spec, name, st.A, bp, allowed, st.products)
     flat = s.reshape(-1, *s.shape[-2:])
     p = torch.stack([linear_assignment(m) for m in flat]).reshape(s.shape[:-1])
     return {**st.g, name: p}
@@ -86,7 +86,8 @@ def _head_perms(st: State, names: list[str], bp: dict, chosen: set[str]) -> dict
     for m in roles.head_maps:
         sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
         q_axis = (lambda x: x) if inner is not None else (lambda x: x.unsqueeze(1))  # [h, q, n, m]
-        sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]))
+        sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]),
+                                             st.products)
     p, inner_p = assign_heads(sim, inner is not None)
     return {top: p} if inner is None else {top: p, inner: inner_p}
 

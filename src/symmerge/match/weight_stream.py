@@ -1,6 +1,13 @@
 """Weight matching streamed from checkpoints: one part (embeddings, a block, the head) of each model
 at a time, the block's own groups solved given the residual element, and the residual statistics
 (`residual.ResidualFit`) accumulated on the way (see `weight.py` for the method).
+
+Reuse: a part that no chosen group but the residual ones acts on (the embeddings and head; every
+block when no per-layer group is chosen) has the same statistics in every sweep, since B's part
+under the other groups never changes: they are computed once, in the start pass, and sweeps do not
+read that part again. The start pass needs the cross-covariances only of those parts (the first
+residual element comes from the ends); of the others it takes the squared distances at the
+starting element, which is what the starting objective needs.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ class StreamRun:
 
     Each part lives only inside the method that reads it, so at most one part of each model is held."""
 
-    def __init__(self, spec: Spec, src_a, src_b, chosen: set[str], g: dict):
+    def __init__(self, spec: Spec, src_a, src_b, chosen: set[str], g: dict, products: str | None = None):
         self.spec, self.src_a, self.src_b, self.chosen, self.g = spec, src_a, src_b, chosen, g
+        self.products = products  # the precision of the assignment costs' products (`weight_products`)
         self.res_groups = [n for n in (ROTATION, SCALE) if n in spec.groups]
+        self.fixed = ResidualFit(spec)  # the statistics of the parts that never change (`fixed_parts`)
+        self.fixed_parts = self._fixed_parts()
         self.steps = self.rejected = 0
         self.seconds: dict[str, float] = {}
         self.timer = Timer(self.seconds)
@@ -42,6 +52,14 @@ class StreamRun:
         self.g[ROTATION] = r
         if SCALE in self.g:
             self.g[SCALE] = a
+
+    def _fixed_parts(self) -> set:
+        """The parts no chosen group but the residual ones acts on (their statistics never change)."""
+        from ..model import part_keys, part_of
+
+        moving = {part_of(name) for name, acts in self.spec.actions.items()
+                  if any(a.group in self.chosen and a.group not in self.res_groups for a in acts)}
+        return {key for key in part_keys(self.spec.shape) if key not in moving}
 
     def _read(self, key):
         from ..merge import check_same_tensors
@@ -55,12 +73,27 @@ class StreamRun:
         return apply(self.spec, {n: x for n, x in self.g.items() if n not in self.res_groups}, pb)
 
     def start_part(self, key, total: ResidualFit, ends: ResidualFit) -> None:
+        """The start pass: `total` gets the part's terms of the starting objective, `ends` (embeddings and
+        head) its statistics, and `fixed` those of a part that never changes."""
         pa, pb = self._read(key)
         with self.timer("residual statistics"):
-            x = self._without_residual(pb)
-            total.add(pa, x)
-            if not isinstance(key, int):
-                ends.add(pa, x)
+            if key in self.fixed_parts or not isinstance(key, int):
+                part = ResidualFit(self.spec)
+                part.add(pa, self._without_residual(pb))
+                if not isinstance(key, int):
+                    ends.merge(part)
+                if key in self.fixed_parts:
+                    self.fixed.merge(part)
+                    total.merge(part)
+                    return
+            total.add_distances(pa, apply(self.spec, self.g, pb))
+
+    def new_fit(self) -> ResidualFit:
+        """A sweep's statistics, holding those of the parts that never change already (kept from the start
+        pass: sweeps read only the other parts)."""
+        fit = ResidualFit(self.spec)
+        fit.merge(self.fixed)
+        return fit
 
     def sweep_part(self, key, fit: ResidualFit, first: bool) -> None:
         """A block's own groups given the residual element (one `descend`), then its residual statistics."""
@@ -69,7 +102,8 @@ class StreamRun:
         if layer:
             with self.timer("applying"):
                 pr = apply(self.spec, {n: self.g[n] for n in self.res_groups}, pb)
-            st = State(self.spec, pa, pr, {n: x for n, x in self.g.items() if self.spec.groups[n].layer == key})
+            st = State(self.spec, pa, pr, {n: x for n, x in self.g.items() if self.spec.groups[n].layer == key},
+                       self.products)
             n_steps, n_rej = descend(st, layer, first, self.seconds)
             self.steps, self.rejected = self.steps + n_steps, self.rejected + n_rej
             self.g.update(st.g)
