@@ -12,6 +12,8 @@ import signal
 import sys
 import threading
 
+from safetensors import SafetensorError
+
 from . import SymmergeError, __version__
 
 #: modules under symmerge.commands, each with register(subparsers)
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full disk, a vanished folder: the system's words, and no traceback
         where = f" ({e.filename})" if e.filename else ""
         print(f"symmerge {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except SafetensorError as e:  # safetensors' writer reports a full disk as its own error, with the system's words
+        print(f"symmerge {args.command}: error: {e}", file=sys.stderr)
         return 1
     finally:  # a signal can land between a write's steps; its temporary folder goes all the same
         io = sys.modules.get("symmerge.io")

@@ -11,7 +11,7 @@ from ..match import registry
 from ..report import write as write_report
 from ..spec import FAMILIES
 from . import out_dtype
-from .checks import check_report_file
+from .checks import at_least, check_report_file
 from .transform import parse_groups
 
 
@@ -28,9 +28,9 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help=f"{data}: data set (see symmerge.data)")
     p.add_argument("--split", default="train",
                    help="activation matching: data split (learned/dual learn on train, validate on validation)")
-    p.add_argument("--batch-size", type=int, default=8, help=f"{data}: sequences (images) per batch")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help=f"{data}: sequences (images) per batch")
     p.add_argument("--seq-len", type=int, default=None, help=f"{data}: tokens per sequence (default: the model's context)")
-    p.add_argument("--max-batches", type=int, default=8,
+    p.add_argument("--max-batches", type=at_least(1), default=8,
                    help=f"{data}: batches of data used (learned/dual: training batches)")
     for opt in registry.OPTIONS.values():
         _add_option(p, opt)

@@ -49,6 +49,20 @@ def at_least(low: float, kind=int):
     return parse
 
 
+def argument_type(parse):
+    """`parse` (text -> value, raising SymmergeError on bad text) as an argparse type: argparse reports
+    only its own error types as a usage error, anything else would escape as a traceback."""
+
+    def wrapped(text: str):
+        try:
+            return parse(text)
+        except SymmergeError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    wrapped.__name__ = parse.__name__
+    return wrapped
+
+
 def check_report_file(path: str | None, flag: str) -> None:
     """Refuse, before any work, a report path that names a folder or lies in a missing folder."""
     if path is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..match import registry
 from ..spec import FAMILIES
 from . import out_dtype
-from .checks import at_least, check_report_file
+from .checks import check_report_file
 
 
 def register(sub) -> None:
@@ -31,8 +31,7 @@ def register(sub) -> None:
 
 
 def _add(p, opt, text: str) -> None:
-    counts = ("max_iters", "max_rounds")  # sweeps and rounds: at least 1
-    kw = {"type": at_least(1) if opt.name in counts else opt.type} if opt.type else {}
+    kw = {"type": opt.type} if opt.type else {}  # the registry's type carries the bounds
     if opt.choices:
         kw["choices"] = opt.choices
     p.add_argument(opt.flag, default=opt.default, help=text, **kw)

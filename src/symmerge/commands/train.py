@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import devices
 from ..presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
+from .checks import at_least, positive_float
 
 
 def _on_off(text: str) -> bool:
@@ -22,11 +23,11 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", default="char", choices=("char", "bpe", "gpt2"), help="tokenizer built into the model folder")
     p.add_argument("--gpt2-bpe", default=None, metavar="DIR", help="folder with GPT-2's encoder.json and vocab.bpe (--tokenizer gpt2)")
     p.add_argument("--vocab-size", type=int, default=2048, help="vocabulary size of --tokenizer bpe")
-    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the preset's)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch size (default: the preset's)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's)")
-    p.add_argument("--warmup", type=int, default=None, help="linear warmup steps (default: the preset's)")
-    p.add_argument("--save-every", type=int, default=None, help="save the resumable state every N steps")
+    p.add_argument("--steps", type=at_least(1), default=None, help="optimiser steps (default: the preset's)")
+    p.add_argument("--batch-size", type=at_least(1), default=None, help="batch size (default: the preset's)")
+    p.add_argument("--lr", type=positive_float, default=None, help="peak learning rate (default: the preset's)")
+    p.add_argument("--warmup", type=at_least(0), default=None, help="linear warmup steps (default: the preset's)")
+    p.add_argument("--save-every", type=at_least(1), default=None, help="save the resumable state every N steps")
     for flag, what in (("--d-model", "residual width"), ("--layers", "number of blocks"), ("--heads", "attention heads"),
                        ("--kv-heads", "key/value heads (llama)"), ("--d-mlp", "FFN width")):
         p.add_argument(flag, type=int, default=None, help=f"{what} (default: the preset's)")
@@ -35,7 +36,8 @@ def register(sub) -> None:
                    help="neox: attention and MLP read the same input (on, the default) or one after the other (off)")
     p.add_argument("--resume", action="store_true", help="continue the interrupted run saved in OUT/.train_state")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (results are bitwise reproducible for a fixed count)")
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="torch CPU threads (results are bitwise reproducible for a fixed count)")
     devices.add_arguments(p, "training and the final evaluation", dtype_default="float32", dtype_help=(
         "precision of the forward and backward (autocast; the master weights, the optimiser state and the written "
         "checkpoint stay float32)"))

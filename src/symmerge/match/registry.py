@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from .. import SymmergeError
-from ..commands.checks import positive_float
+from ..commands.checks import argument_type, at_least, positive_float
 from ..model import Model
 from .learn_config import DEFAULT_LR, LAM_SAMPLING, LearnConfig, parse_lam_range
 from .weight import weight_match
@@ -88,7 +88,7 @@ def _learn_default(name: str):
 
 
 OPTIONS = {o.name: o for o in (
-    Option("max_iters", _signature_default(weight_match, "max_iters"), "most sweeps over the groups", int),
+    Option("max_iters", _signature_default(weight_match, "max_iters"), "most sweeps over the groups", at_least(1)),
     Option("precision", str(_signature_default(weight_match, "dtype")).replace("torch.", ""),
            "precision of the algebra; float32 for large models (less memory, faster products)",
            choices=("float64", "float32")),
@@ -97,21 +97,21 @@ OPTIONS = {o.name: o for o in (
            "every candidate still judged exactly)", choices=CHOICES),
     Option("param", _learn_default("param"), "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: "
            "cayley for orthogonal, polar for invertible groups)"),
-    Option("steps", _learn_default("steps"), "optimiser steps", int),
+    Option("steps", _learn_default("steps"), "optimiser steps", at_least(0)),
     Option("lr", DEFAULT_LR, "Adam learning rate, cosine decay (dual's two sides move the relative element twice "
            "as fast)", positive_float),
-    Option("lam_range", _learn_default("lam_range"), "λ drawn uniformly from LOW,HIGH per batch", parse_lam_range),
+    Option("lam_range", _learn_default("lam_range"), "λ drawn uniformly from LOW,HIGH per batch", argument_type(parse_lam_range)),
     Option("lam_sampling", _learn_default("lam_sampling"), "uniform λ draws, or peak: half the draws near the "
            "validation grid points where the path stands highest above the straight line (for the bump uniform "
            "draws leave)", choices=LAM_SAMPLING),
     Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", int),
-    Option("eval_every", _learn_default("eval_every"), "steps between validation barriers", int),
+    Option("eval_every", _learn_default("eval_every"), "steps between validation barriers", at_least(1)),
     Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
-           "(0: never)", int),
+           "(0: never)", at_least(0)),
     Option("val_batches", 16, "validation batches (validation split) for choosing the best state; with 4 batches "
-           "of 64 MNIST images the choice followed noise (benchmarks/README.md)", int),
+           "of 64 MNIST images the choice followed noise (benchmarks/README.md)", at_least(1)),
     Option("val_points", _learn_default("grid_points"), "λ grid of the validation barrier, endpoints included (11 "
-           "sees the whole path as the reported barrier does, at 2.2x the validation cost)", int),
+           "sees the whole path as the reported barrier does, at 2.2x the validation cost)", at_least(3)),
 )}
 
 
@@ -190,7 +190,7 @@ class ManyAlignment:
 
 
 MANY_OPTIONS = {o.name: o for o in (
-    Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", int),
+    Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", at_least(1)),
     Option("order_seed", 0, "seed of the order the models are visited in, each round", int),
 )}
 

@@ -1,0 +1,103 @@
+"""Kills of the writing commands: a SIGKILL (or SIGTERM) at any point leaves no OUT, and the next run
+into the same OUT leaves no temporary folder (it removes what the killed run left, `io.clean_stale`).
+
+Each command runs in a subprocess on models deep enough that writing takes a moment. The kill lands
+at a point chosen by what exists on disk: as soon as the temporary folder appears ("start"), once it
+holds its first file ("writing"). A SIGTERM is handled (cli.main and io remove
+the temporary folder at once); a SIGKILL is not, so the litter is removed by the next run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bad_inputs import leftovers, lm
+from symmerge.cli import main
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kill")
+    return {"a": lm(root / "a", 0, n_layer=8, width=144), "b": lm(root / "b", 1, n_layer=8, width=144)}
+
+
+def _transform(m, o):
+    return ["transform", str(m["a"]), "-o", o]
+
+
+def _align(m, o):
+    return ["align", str(m["a"]), str(m["b"]), "-o", o, "--method", "weight", "--max-iters", "1"]
+
+
+def _interpolate(m, o):
+    return ["interpolate", str(m["a"]), str(m["b"]), "--lam", "0.5", "-o", o]
+
+
+def _merge(m, o):
+    return ["merge", str(m["a"]), str(m["b"]), "-o", o, "--max-rounds", "1", "--max-iters", "1"]
+
+
+def _started(out: Path) -> bool:
+    return bool(list(out.parent.glob(f".{out.name}.tmp-*")))
+
+
+def _writing(out: Path) -> bool:
+    return any(any(t.iterdir()) for t in out.parent.glob(f".{out.name}.tmp-*"))
+
+
+KILLS = [
+    ("transform", _transform, _started, signal.SIGKILL),
+    ("transform", _transform, _writing, signal.SIGKILL),
+    ("transform", _transform, _started, signal.SIGTERM),
+    ("align-weight", _align, _writing, signal.SIGKILL),
+    ("interpolate", _interpolate, _started, signal.SIGKILL),
+    ("merge", _merge, _started, signal.SIGKILL),
+    ("merge", _merge, _writing, signal.SIGKILL),
+]
+
+
+@pytest.mark.parametrize("name,argv_of,when,sig", KILLS,
+                         ids=[f"{k[0]}-{k[2].__name__.strip('_')}-{k[3].name.lower()}" for k in KILLS])
+def test_killed_write_leaves_no_output_and_the_next_run_no_litter(name, argv_of, when, sig, big, tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "symmerge", *argv_of(big, str(out))]
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not when(out) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.0005)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    assert proc.returncode != 0, f"{name} finished before the signal landed (the test's kill window was missed)"
+    assert not out.exists(), "a killed run left an output"
+    if sig == signal.SIGTERM:  # handled: the temporary folders are removed at once
+        assert not list(tmp_path.glob(".out*")), "SIGTERM left a temporary folder"
+    assert main(argv_of(big, str(out))) == 0
+    assert out.is_dir() and not leftovers(out) and not list(tmp_path.glob(".*")), "the next run left litter"
+
+
+def test_stale_temporary_folders_are_cleaned_and_a_hidden_old_output_restored(tmp_path):
+    from symmerge.io import clean_stale
+
+    out = tmp_path / "o"
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    (tmp_path / f".o.tmp-{dead}-abc").mkdir()
+    (tmp_path / ".o.tmp-xyz").mkdir()  # an earlier version's name, without a pid
+    (tmp_path / f".o.tmp-{os.getpid()}-live").mkdir()  # a write in progress (this process) is left alone
+    old = tmp_path / f".o.old-{dead}"
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    clean_stale(out)  # killed between the two renames: the old output comes back
+    assert (out / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["o", f".o.tmp-{os.getpid()}-live"])
+    old.mkdir()
+    clean_stale(out)  # the target exists: the old copy is just removed
+    assert not old.exists() and (out / "config.json").is_file()
