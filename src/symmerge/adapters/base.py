@@ -45,7 +45,10 @@ class HookPoints:
       last axis the canonical `d_mlp` axis;
     - `block`: layer i's block module, an entry of a module list (learned matching runs it on its own,
       `match/blockwise.py`): the parameters under it are exactly what `Adapter.block_from_canonical(.., i)`
-      returns, and the top-level forward calls it once, reading nothing of its parameters itself.
+      returns, and the top-level forward calls it once, reading nothing of its parameters itself;
+    - `attention`: layer i's attention module, whose output is `(attn_output, attn_weights)` under the
+      eager implementation, the weights `[batch, heads, T, T]` (what `output_attentions` reports; streaming
+      activation matching hooks it, `match/activation_stream.py`).
     """
 
     norms: tuple[str, ...]
@@ -53,11 +56,13 @@ class HookPoints:
     final_norm: str
     ffn_hidden: str
     block: str | None = None
+    attention: str | None = None
 
     def layer(self, i: int) -> HookPoints:
         """The names for layer i."""
+        fmt = lambda n: None if n is None else n.format(i=i)  # noqa: E731
         return HookPoints(tuple(n.format(i=i) for n in self.norms), self.attn_norm.format(i=i), self.final_norm,
-                          self.ffn_hidden.format(i=i), None if self.block is None else self.block.format(i=i))
+                          self.ffn_hidden.format(i=i), fmt(self.block), fmt(self.attention))
 
 
 class Adapter:

@@ -35,7 +35,8 @@ class GPTNeoXAdapter(Adapter):
     hooks = HookPoints(norms=("gpt_neox.layers.{i}.input_layernorm", "gpt_neox.layers.{i}.post_attention_layernorm"),
                        attn_norm="gpt_neox.layers.{i}.input_layernorm", final_norm="gpt_neox.final_layer_norm",
                        ffn_hidden="gpt_neox.layers.{i}.mlp.dense_4h_to_h",
-                       block="gpt_neox.layers.{i}")
+                       block="gpt_neox.layers.{i}",
+                       attention="gpt_neox.layers.{i}.attention")
     tied_head = "lm_head.weight"
     save_renames = ((r"^lm_head\.", "embed_out."),)
 

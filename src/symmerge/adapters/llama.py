@@ -27,7 +27,8 @@ from .base import (
 #: activation hook points of the Llama-layout decoders (Llama, Mistral, Qwen2, OLMo)
 DECODER_HOOKS = HookPoints(norms=("model.layers.{i}.input_layernorm", "model.layers.{i}.post_attention_layernorm"),
                            attn_norm="model.layers.{i}.input_layernorm", final_norm="model.norm",
-                           ffn_hidden="model.layers.{i}.mlp.down_proj", block="model.layers.{i}")
+                           ffn_hidden="model.layers.{i}.mlp.down_proj", block="model.layers.{i}",
+                           attention="model.layers.{i}.self_attn")
 
 
 def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config: bool) -> ModelShape:

@@ -41,7 +41,8 @@ class ViTAdapter(Adapter):
     )
     hooks = HookPoints(norms=("vit.layers.{i}.layernorm_before", "vit.layers.{i}.layernorm_after"),
                        attn_norm="vit.layers.{i}.layernorm_before", final_norm="vit.layernorm",
-                       ffn_hidden="vit.layers.{i}.mlp.fc2", block="vit.layers.{i}")
+                       ffn_hidden="vit.layers.{i}.mlp.fc2", block="vit.layers.{i}",
+                       attention="vit.layers.{i}.attention")
 
     def shape(self, c) -> ModelShape:
         d, h = c.hidden_size, c.num_attention_heads

@@ -99,14 +99,16 @@ def _meta(rep: dict) -> dict:
 
 
 def align_streamed(args, matcher, families, opts):
-    """A streaming matcher (weight) from the checkpoints, one block at a time, and OUT written block by block."""
+    """A streaming matcher (weight, activation) from the checkpoints, one block at a time, and OUT written block
+    by block."""
     import torch
 
     from ..apply import apply
     from ..stream import write_streaming
 
+    data = _data(args, matcher, opts)
     a, b = _load_pair(args, families, getattr(torch, opts["precision"]))
-    result = registry.align(matcher.name, a, b, families, opts=opts, progress=True)
+    result = registry.align(matcher.name, a, b, families, data, opts=opts, progress=True)
     rep = report(args, b, result, families)
     g = result.elements["B"]
     dtype = out_dtype.resolve(args) or b.dtype

@@ -25,7 +25,11 @@ spec's actions. For each group:
 - groups the data cannot see (the residual scale: normalisation hides it) are set by the weight-matching
   step given the rest.
 
-Activations are kept in memory (at most `max_tokens` tokens): meant for samples of a few thousand tokens.
+Here (`activation_match`) every activation is kept in memory (at most `max_tokens` tokens): the method's
+definition, for small models and samples. `symmerge align` runs `activation_stream.py` instead, which
+streams both models block by block from their checkpoints and gives the same element from accumulated
+statistics (tests/test_activation_stream.py); the solving steps below (`head_perms`, `head_maps`,
+`ffn_step`, `map_sides`) are shared by both.
 """
 
 from __future__ import annotations
@@ -118,18 +122,19 @@ def keep_count(store) -> int:
 # --- solving ---------------------------------------------------------------------------------------------
 
 
-def _term(t: torch.Tensor, action, residual: int | None, x: torch.Tensor) -> torch.Tensor:
+def _term(t: torch.Tensor, action, residual: int | None, x: torch.Tensor, ones=None) -> torch.Tensor:
     """One tensor's part of a map's side, `[*batch, *others, n, N]` (others: the query-head axis of W_Q and
-    W_O): contracted with x `[d, N]` along its residual axis, or, without one (a bias), broadcast over tokens."""
+    W_O): contracted with x `[d, N]` along its residual axis, or, without one (a bias), broadcast over tokens
+    (times `ones [N]` when given: the constant coordinate of augmented data, `activation_stream`)."""
     others = [k for k in range(t.dim()) if k not in (*action.batch_axes, action.axis, residual)]
     axes = [*action.batch_axes, *others, action.axis]
     if residual is None:
-        return t.permute(axes)[..., None]
+        return t.permute(axes)[..., None] if ones is None else t.permute(axes)[..., None] * ones
     letters = lambda ks: "".join(chr(97 + k) for k in ks)  # noqa: E731  (axis k is letter k; z: tokens)
     return torch.einsum(f"{letters(range(t.dim()))},{letters([residual])}z->{letters(axes)}z", t, x)
 
 
-def _map_sides(spec, params, x: torch.Tensor, group: str, rot: str, scale: float) -> dict[str, torch.Tensor]:
+def map_sides(spec, params, x: torch.Tensor, group: str, rot: str, scale: float, ones=None) -> dict[str, torch.Tensor]:
     """The "g" and "inv_t" sides of a head-internal map on the attention input `x`, each `[kv, (q,) dh, N]`.
 
     A side is the affine map of x made of the tensors the group acts on with that `how` (the spec's
@@ -139,14 +144,14 @@ def _map_sides(spec, params, x: torch.Tensor, group: str, rot: str, scale: float
     out: dict = {}
     for name, a in touching(spec, group).items():
         acts = spec.actions[name]
-        h = _term(params[name], a, next((b.axis for b in acts if b.group == rot), None), x)
+        h = _term(params[name], a, next((b.axis for b in acts if b.group == rot), None), x, ones)
         if spec.includes_residual_scale(b.group for b in acts):
             h = h / scale
         out[a.how] = out[a.how] + h if a.how in out else h
     return out
 
 
-def _in_a_order(t: torch.Tensor, p: torch.Tensor, inner: torch.Tensor | None) -> torch.Tensor:
+def in_a_order(t: torch.Tensor, p: torch.Tensor, inner: torch.Tensor | None) -> torch.Tensor:
     """B's per-head tensor `[kv, (q,) ...]` re-ordered as A's heads: KV group p[a], query head inner[p[a]][j]."""
     t = t[p]
     if inner is not None and t.dim() == 4:
@@ -166,52 +171,75 @@ def _corr(ha: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
     return za @ zb.T / max(ha.shape[1] - 1, 1)
 
 
-def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
+def ffn_step(spec, chosen, g, fit, corr: torch.Tensor, rms_a: torch.Tensor, rms_b: torch.Tensor, i: int) -> None:
+    """Layer i's FFN permutation and GLU scales from the hidden units' correlations `corr [n_A, n_B]` and RMS."""
     roles = spec.layer_roles(i)
     ffn, glu = roles.ffn, roles.glu
-    ha, hb = acts_a[("ffn", i)], acts_b[("ffn", i)]
-    corr = _corr(ha, hb)
     use_glu = glu is not None and glu in chosen
     if ffn in chosen:
         g[ffn] = linear_assignment(corr.abs() if use_glu else corr)
         fit[f"blocks.{i}.ffn_mean_matched_correlation"] = float(corr[torch.arange(len(g[ffn])), g[ffn]].abs().mean())
     if use_glu:
         p = g[ffn]
-        rms = lambda h: h.pow(2).mean(1).sqrt().clamp_min(1e-300)  # noqa: E731
-        d = torch.sign(corr[torch.arange(len(p)), p]) * rms(ha) / rms(hb[p])
+        d = torch.sign(corr[torch.arange(len(p)), p]) * rms_a / rms_b[p]
         g[glu] = scatter(torch.where(d == 0, torch.ones_like(d), d), p)
 
 
-def _writer_scale(a: Model, b: Model, chosen) -> float:
+def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
+    ha, hb = acts_a[("ffn", i)], acts_b[("ffn", i)]
+    rms = lambda h: h.pow(2).mean(1).sqrt().clamp_min(1e-300)  # noqa: E731
+    ffn_step(spec, chosen, g, fit, _corr(ha, hb), rms(ha), rms(hb), i)
+
+
+def writer_scale(spec, chosen, eps_a, eps_b) -> float:
     """B's residual scale relative to A's when it is being matched: `sqrt(eps_B / eps_A)` (writers move by
     the scale, the normalisation eps by its square, the normalised stream not at all), else 1."""
-    if not b.spec.includes_residual_scale(chosen):
+    if not spec.includes_residual_scale(chosen):
         return 1.0
-    ea, eb = a.params.get("norm.eps"), b.params.get("norm.eps")
-    ok = ea is not None and eb is not None and float(ea) > 0 and float(eb) > 0
-    return float(torch.sqrt(eb / ea)) if ok else 1.0
+    ok = eps_a is not None and eps_b is not None and float(eps_a) > 0 and float(eps_b) > 0
+    return float(torch.sqrt(eps_b / eps_a)) if ok else 1.0
+
+
+def head_perms(spec, chosen, g, sim: torch.Tensor, i: int) -> None:
+    """Layer i's head (KV group) and query-head permutations from the overlap of attention patterns
+    `sim [heads_A, heads_B]`."""
+    roles = spec.layer_roles(i)
+    top, inner = roles.heads, roles.query_heads
+    s = spec.shape
+    if top in chosen:
+        g[top], inner_p = assign_heads(sim.reshape(s.n_kv_heads, s.q_per_kv, s.n_kv_heads, s.q_per_kv), inner is not None)
+        if inner is not None:
+            g[inner] = inner_p
+
+
+def head_maps(spec, chosen, g, i: int, sides) -> None:
+    """Layer i's QK and OV maps inside the matched heads; `sides(name, p, inner_p)` gives the solver's data
+    `(Xa, Xb, Ya, Yb)` (each `[kv, dh, m]`, B's heads already in A's order)."""
+    roles = spec.layer_roles(i)
+    top, inner = roles.heads, roles.query_heads
+    p, inner_p = g[top], (g[inner] if inner else None)
+    for name in roles.head_maps:
+        if name in chosen:
+            g[name] = scatter(solve_map(spec.groups[name], *sides(name, p, inner_p)), p)
+
+
+def side_data(h: dict, how: str, s) -> torch.Tensor:
+    """One side of a map's data as the solver takes it, `[kv, dh, m]`; empty (m = 0) when no tensor is on it."""
+    return _flat_q(h[how]) if how in h else torch.zeros(s.n_kv_heads, s.d_head, 0, dtype=G.DTYPE)
 
 
 def _heads(model_a, model_b, spec, chosen, g, fit, acts_a, acts_b, i, rot) -> None:
-    roles = spec.layer_roles(i)
-    top, inner = roles.heads, roles.query_heads
-    s = model_a.shape
-    if top in chosen:
-        sim = (acts_a[("pattern", i)] @ acts_b[("pattern", i)].T).reshape(s.n_kv_heads, s.q_per_kv, s.n_kv_heads, s.q_per_kv)
-        g[top], inner_p = assign_heads(sim, inner is not None)
-        if inner is not None:
-            g[inner] = inner_p
-    p, inner_p = g[top], (g[inner] if inner else None)
-    scale = _writer_scale(model_a, model_b, chosen)
-    side = lambda h, how: _flat_q(h[how]) if how in h else torch.zeros(s.n_kv_heads, s.d_head, 0, dtype=G.DTYPE)  # noqa: E731
-    for name in roles.head_maps:
-        if name not in chosen:
-            continue
-        ha = _map_sides(spec, model_a.params, acts_a[("x_attn", i)], name, rot, 1.0)
-        hb = _map_sides(spec, model_b.params, acts_b[("x_attn", i)], name, rot, scale)
-        hb = {k: _in_a_order(v, p, inner_p) for k, v in hb.items()}
-        found = solve_map(spec.groups[name], side(ha, "g"), side(hb, "g"), side(ha, "inv_t"), side(hb, "inv_t"))
-        g[name] = scatter(found, p)
+    head_perms(spec, chosen, g, acts_a[("pattern", i)] @ acts_b[("pattern", i)].T, i)
+    scale = writer_scale(spec, chosen, model_a.params.get("norm.eps"), model_b.params.get("norm.eps"))
+
+    def sides(name, p, inner_p):
+        ha = map_sides(spec, model_a.params, acts_a[("x_attn", i)], name, rot, 1.0)
+        hb = map_sides(spec, model_b.params, acts_b[("x_attn", i)], name, rot, scale)
+        hb = {k: in_a_order(v, p, inner_p) for k, v in hb.items()}
+        return side_data(ha, "g", spec.shape), side_data(hb, "g", spec.shape), side_data(ha, "inv_t", spec.shape), \
+            side_data(hb, "inv_t", spec.shape)
+
+    head_maps(spec, chosen, g, i, sides)
 
 
 def activation_match(a: Model, b: Model, batches: list[dict], families: list[str] | None = None,

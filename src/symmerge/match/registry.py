@@ -90,7 +90,8 @@ def _learn_default(name: str):
 OPTIONS = {o.name: o for o in (
     Option("max_iters", _signature_default(weight_match, "max_iters"), "most sweeps over the groups", at_least(1)),
     Option("precision", str(_signature_default(weight_match, "dtype")).replace("torch.", ""),
-           "precision of the algebra; float32 for large models (less memory, faster products)",
+           "precision of the algebra (weight matching) and of the forward and its statistics (activation matching); "
+           "float32 for large models (less memory, faster products)",
            choices=("float64", "float32")),
     Option("cost_products", CHOICES[0], "products behind weight matching's assignment costs: exact (in the algebra's "
            "precision) or bfloat16 (bf16 operands, float32 accumulation: several times faster on CPUs with AMX; "
@@ -149,9 +150,11 @@ def _run_weight(a, b, families, data, opts, start, progress: bool = False) -> Al
 
 
 def _run_activation(a, b, families, data, opts, start, progress: bool = False) -> Alignment:
-    from .activation import activation_match
+    from .activation_stream import activation_match_streaming
 
-    return _from_match("activation", activation_match(a, b, data.train, families))
+    res = activation_match_streaming(a, b, data.train, families, dtype=getattr(torch, opts["precision"]),
+                                     progress=progress)
+    return _from_match("activation", res)
 
 
 def _learn_config(method: str, families, opts, progress: bool = True, device: str = "cpu",
@@ -210,7 +213,8 @@ def _run_weight_many(sources, weights, families, data, opts, progress: bool = Fa
 MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
             ("max_iters", "precision", "cost_products"), streams=True, many=_run_weight_many),
-    Matcher("activation", "activation matching", "match activations on --data", True, _run_activation),
+    Matcher("activation", "activation matching", "match activations on --data", True, _run_activation,
+            ("precision",), streams=True),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
             "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
             validates=True, starts_from="weight", check=partial(_check_learned, "learned"), forward=True),
