@@ -19,7 +19,7 @@ from .. import groups as G
 
 
 class FfnMoments:
-    """Moments of hidden units `ha [tokens, n_A]`, `hb [tokens, n_B]` (float64), batch by batch."""
+    """Moments of hidden units `ha [tokens, n_A]`, `hb [tokens, n_B]`, batch by batch, in their precision."""
 
     def __init__(self):
         self.n = 0
@@ -48,7 +48,7 @@ class FfnMoments:
         n = self.n
         std = lambda v: (v / (n - 1)).sqrt().clamp_min(1e-12)  # noqa: E731  (unbiased, as Tensor.std)
         corr = self.c / (std(self.va)[:, None] * std(self.vb)[None, :]) / max(n - 1, 1)
-        rms = lambda s: (s / n).sqrt().clamp_min(1e-300)  # noqa: E731
+        rms = lambda s: (s.to(G.DTYPE) / n).sqrt().clamp_min(1e-300)  # noqa: E731
         return corr, rms(self.sa), rms(self.sb)
 
 
@@ -59,8 +59,8 @@ def sides_factor(wa: torch.Tensor, wb: torch.Tensor, moment: torch.Tensor) -> tu
     `wa`, `wb`: `[kv, (q,) dh, d + 1]` (B's KV groups and query heads already in A's order; the query
     heads' columns are summed over, as `activation._flat_q` lays them side by side); `moment`:
     `sum [x~_A; x~_B][x~_A; x~_B]^T`, `[2 (d + 1), 2 (d + 1)]`."""
-    wa = wa if wa.dim() == 4 else wa.unsqueeze(1)
-    wb = wb if wb.dim() == 4 else wb.unsqueeze(1)
+    wa = (wa if wa.dim() == 4 else wa.unsqueeze(1)).to(moment.dtype)
+    wb = (wb if wb.dim() == 4 else wb.unsqueeze(1)).to(moment.dtype)
     e = wa.shape[-1]
     blocks = {}
     for (i, x), (j, y) in (((0, wa), (0, wa)), ((0, wa), (1, wb)), ((1, wb), (1, wb))):

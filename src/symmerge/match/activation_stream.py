@@ -136,8 +136,8 @@ class Runner:
 
 
 def _tokens(t: torch.Tensor, mask) -> torch.Tensor:
-    """`[batch, seq, features] -> [tokens, features]` (the unmasked tokens), float64."""
-    t = t.detach().to(torch.float64)
+    """`[batch, seq, features] -> [tokens, features]` (the unmasked tokens), in the forward's precision."""
+    t = t.detach()
     return t.reshape(-1, t.shape[-1]) if mask is None else t[mask]
 
 
@@ -175,6 +175,7 @@ def activation_match_streaming(a, b, batches: list[dict], families: list[str] | 
             break
     if not streams:
         raise SymmergeError("the data gave no batches; check --data")
+    ra.base_state = rb.base_state = None  # the embeddings are no longer needed
     g = {n: G.identity(grp) for n, grp in spec.groups.items()}
     fit: dict = {}
     res = _Residual(spec.shape.d_model)
@@ -210,7 +211,7 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
     sa, sb = ra.block_state(i, pa), rb.block_state(i, pb)
     h = ra.hooks.layer(i)
     d, heads = spec.shape.d_model, spec.shape.n_heads
-    ffn = FfnMoments()
+    ffn = FfnMoments()  # in the forward's precision (float32 at scale: d_mlp^2 entries)
     moment = torch.zeros(2 * d + 2, 2 * d + 2, dtype=G.DTYPE)  # of [x_A; 1; x_B; 1], x the attention input
     patterns = torch.zeros(heads, heads, dtype=G.DTYPE)
     for s in streams:
@@ -221,7 +222,7 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         for n in h.norms:
             res.add(_tokens(seen[("A", ("norm", n))], mask), _tokens(seen[("B", ("norm", n))], mask))
         xa, xb = _tokens(seen[("A", ("norm", h.attn_norm))], mask), _tokens(seen[("B", ("norm", h.attn_norm))], mask)
-        one = torch.ones(xa.shape[0], 1, dtype=G.DTYPE)
+        one = torch.ones(xa.shape[0], 1, dtype=xa.dtype)
         z = torch.cat([xa, one, xb, one], 1)  # [tokens, 2d + 2]
         moment += z.T @ z
         ffn.add(_tokens(seen[("A", "ffn")], mask), _tokens(seen[("B", "ffn")], mask))
@@ -229,8 +230,9 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         pat = [p.transpose(0, 1).reshape(heads, -1) for p in pat]
         patterns += pat[0] @ pat[1].T
     head_perms(spec, chosen, g, patterns, i)
-    basis = torch.cat([torch.eye(d, dtype=G.DTYPE), torch.zeros(d, 1, dtype=G.DTYPE)], 1)  # x~ = [x; 1] -> x
-    ones = torch.zeros(d + 1, dtype=G.DTYPE)
+    kind = pa[next(iter(pa))].dtype  # the canonical tensors' precision
+    basis = torch.cat([torch.eye(d, dtype=kind), torch.zeros(d, 1, dtype=kind)], 1)  # x~ = [x; 1] -> x
+    ones = torch.zeros(d + 1, dtype=kind)
     ones[d] = 1.0
 
     def sides(name, p, inner_p):
