@@ -180,8 +180,6 @@ CASES = [
     ("barrier-other-layer-count", lambda c, o: ["barrier", _p(c, "a"), _p(c, "deep"), "--data", _p(c, "text")], "layer counts"),
     ("merge-other-layer-count", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), _p(c, "deep"), "-o", o], "layer counts"),
     ("expand-other-layer-count", lambda c, o: ["expand", _p(c, "a"), "--like", _p(c, "deep"), "-o", o], "layer counts"),
-    ("merge-other-width", lambda c, o: ["merge", _p(c, "a"), _p(c, "wide"), "-o", o], "widths"),
-    ("barrier3-other-width", lambda c, o: ["barrier", _p(c, "a"), _p(c, "b"), _p(c, "wide"), "--data", _p(c, "text")], "widths"),
     ("align-other-vocabulary", lambda c, o: ["align", _p(c, "a"), _p(c, "small_vocab"), "-o", o], "vocabularies"),
     ("merge-other-vocabulary", lambda c, o: ["merge", _p(c, "a"), _p(c, "b"), _p(c, "small_vocab"), "-o", o], "vocabularies"),
     ("expand-other-vocabulary", lambda c, o: ["expand", _p(c, "small_vocab"), "--like", _p(c, "wide"), "-o", o], "vocabularies"),
@@ -295,7 +293,6 @@ CASES = [
     ("merge-weights-text", lambda c, o: _merge(c, o, "--weights", "half,half"), "comma-separated"),
     ("merge-weights-empty", lambda c, o: _merge(c, o, "--weights", ""), "comma-separated"),
     ("merge-weights-trailing-comma", lambda c, o: _merge(c, o, "--weights", "0.5,0.5,"), "comma-separated"),
-    ("merge-method-not-built", lambda c, o: _merge(c, o, "--method", "activation"), "not built for many models"),
     ("merge-max-rounds-0", lambda c, o: _merge(c, o, "--max-rounds", "0"), AT_LEAST_1),
     ("merge-max-iters-0", lambda c, o: _merge(c, o, "--max-iters", "0"), AT_LEAST_1),
     ("merge-precision-unknown", lambda c, o: _merge(c, o, "--precision", "float16"), "invalid choice"),
@@ -321,7 +318,43 @@ CASES = [
      "no CUDA GPU"),
     ("align-weight-dtype", lambda c, o: _align(c, o, "--dtype", "bfloat16"), "are for --method learned or dual"),
     ("demo-device-cuda", lambda c, o: _demo(c, o, "--device", "cuda"), "no CUDA GPU"),
+    # merge by the data-driven methods; mixed widths in merge and the barrier of n models (issue 14, helper many)
+    *[(f"merge-{m}-without-data", lambda c, o, m=m: _merge(c, o, "--method", m), "needs --data")
+      for m in ("activation", "learned", "dual")],
+    ("merge-learned-one-model", lambda c, o: ["merge", _p(c, "a"), "-o", o, "--method", "learned", "--data",
+                                              _p(c, "text")], "at least two models"),
+    ("merge-dual-weights-negative", lambda c, o: _merge(c, o, "--method", "dual", "--data", _p(c, "text"),
+                                                        "--weights=1.2,-0.2"), "non-negative"),
+    ("merge-val-simplex-points-0", lambda c, o: _merge(c, o, "--method", "learned", "--data", _p(c, "text"),
+                                                       "--val-simplex-points", "0"), AT_LEAST_1),
+    ("merge-mixed-widths-unexpandable", lambda c, o: ["merge", _p(c, "a"), _p(c, "wide"), _many_heads(c), "-o", o],
+     "none takes all the others"),
+    ("merge-mixed-widths-other-vocabulary", lambda c, o: ["merge", _p(c, "wide"), _p(c, "a"), _p(c, "small_vocab"),
+                                                          "-o", o], "vocabularies"),
+    ("merge-mixed-widths-other-layer-count", lambda c, o: ["merge", _p(c, "wide"), _p(c, "a"), _p(c, "deep"), "-o", o],
+     "layer counts"),
+    ("barrier3-mixed-widths-unexpandable", lambda c, o: ["barrier", _p(c, "a"), _p(c, "wide"), _many_heads(c), "--data",
+                                                         _p(c, "text")], "none takes all the others"),
 ]
+
+
+def _many_heads(c) -> str:
+    """A's width with twice its heads (d_head halved): it does not expand into `wide` (more heads than it
+    has), and `wide` does not expand into it (wider d_model), so no model of {a, wide, it} takes the others."""
+    import torch
+    import transformers as T
+
+    from bad_inputs import TEXT
+    from symmerge.tokenizers import char_tokenizer
+
+    path = c["root"] / "many_heads"
+    if not path.exists():
+        tok = char_tokenizer(TEXT)
+        torch.manual_seed(6)
+        T.GPT2LMHeadModel(T.GPT2Config(n_embd=24, n_layer=2, n_head=6, n_positions=32, vocab_size=len(tok))
+                          ).save_pretrained(path)
+        tok.save_pretrained(path)
+    return str(path)
 
 #: faults of the machine: (id, argv builder, expected words, fault); the fault moves OUT (see `_out`)
 FULL = "No space left on device"

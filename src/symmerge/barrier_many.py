@@ -1,6 +1,8 @@
 """The barrier of many models: loss and accuracy of weighted averages inside the simplex of n models.
 
-Every point is a weighted average of the canonical parameters, run through the stock forward by the
+Models of one architecture whose widths differ are first expanded into the widest config that takes
+all the others (`expand.widest_many`; their functions unchanged). Every point is a weighted average of
+the canonical parameters, run through the stock forward by the
 project's one evaluation service (`evaluate.StockForward`, as the pairwise barrier). With merge weights w and endpoint
 losses L_i (accuracies a_i):
 
@@ -26,7 +28,6 @@ from tqdm import tqdm
 
 from .barrier import summarise
 from .evaluate import StockForward
-from .merge import check_compatible
 from .model import Model
 
 
@@ -53,12 +54,11 @@ def many_barrier(models: list[Model], batches: list[dict], weights: list[float] 
                  simplex_points: int = 16, seed: int = 0, progress: bool = True, dtype=None, device=None) -> dict:
     """The figures of the module docstring, with each pair's curve and each simplex point's values (the
     forward in `dtype` on `device`, as `StockForward`'s)."""
-    from .merge_many import check_weights
+    from .merge_many import check_models, check_weights
 
     n = len(models)
     w = check_weights(weights, n)
-    for m in models[1:]:
-        check_compatible(models[0], m)
+    models, _ = check_models(models, [str(m.path) for m in models])  # mixed widths: expanded into the widest
     ev = StockForward(models[0], dtype, device)
     start = time.perf_counter()
     bar = tqdm(total=n + 1 + n * (n - 1) // 2 * (points - 2) + simplex_points, desc="barrier", disable=not progress)

@@ -240,8 +240,7 @@ def widest(a, b, name_a: str = "A", name_b: str = "B"):
     way expands, are refused with the expansion's reason (other architectures: `merge.check_compatible`'s)."""
     from .merge import check_compatible
 
-    widths_differ = any(getattr(a.shape, k) != getattr(b.shape, k) for k in WIDTHS + ("n_heads",))
-    if a.shape.arch != b.shape.arch or not widths_differ:
+    if a.shape.arch != b.shape.arch or not _widths_differ(a, b):
         check_compatible(a, b, name_a, name_b)
         return a, b
     try:
@@ -254,6 +253,46 @@ def widest(a, b, name_a: str = "A", name_b: str = "B"):
                                 f"{name_b} into {name_a}: {to_a}") from None
     check_compatible(a, b, name_a, name_b)  # one shape now; the preprocessing and the tensors still checked
     return a, b
+
+
+def _widths_differ(a, b) -> bool:
+    return any(getattr(a.shape, k) != getattr(b.shape, k) for k in WIDTHS + ("n_heads",))
+
+
+def widest_many(models: list, names: list[str]) -> tuple[list, int]:
+    """(models, w): every model in the config of models[w], the first into whose config every other
+    expands ("the widest"; `merge` and the barrier of many models on mixed widths), those of that config
+    as they are. Models that differ in more than widths are refused by `merge.check_compatible`'s reason;
+    when no model takes all the others, the reason the widest (largest d_model, then FFN) cannot take one."""
+    from .merge import check_compatible
+
+    if all(m.shape.arch == models[0].shape.arch for m in models) and any(_widths_differ(models[0], m) for m in models):
+        for w, target in enumerate(models):
+            try:
+                out = [m if not _widths_differ(m, target) else expanded_like(m, target.config) for m in models]
+            except SymmergeError:
+                continue
+            for m, name in zip(out, names):
+                check_compatible(out[w], m, names[w], name)
+            return out, w
+        w = max(range(len(models)), key=lambda i: (models[i].shape.d_model, models[i].shape.d_mlp))
+        bad = next(i for i, m in enumerate(models) if i != w and _failure(m, models[w]) is not None)
+        raise SymmergeError(f"the models differ in widths and none takes all the others: {names[bad]} does not expand "
+                            f"into {names[w]}: {_failure(models[bad], models[w])}")
+    for m, name in zip(models[1:], names[1:]):
+        check_compatible(models[0], m, names[0], name)
+    return models, 0
+
+
+def _failure(narrow, wide) -> SymmergeError | None:
+    """Why `narrow` does not expand into `wide`'s config (None where it does or needs not)."""
+    if not _widths_differ(narrow, wide):
+        return None
+    try:
+        plan(narrow.adapter, narrow.config, wide.config)
+    except SymmergeError as e:
+        return e
+    return None
 
 
 def check_exported_shapes(model: ExpandedModel) -> None:

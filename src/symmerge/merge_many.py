@@ -2,12 +2,14 @@
 form (`match.registry.align_many`), then their weighted average exported as a stock checkpoint.
 
 `merge_models(paths, out)` checks everything before any work (at least two models of one architecture,
-sizes, vocabulary and tokenizer / image processor; weights non-negative, one per model, summing to 1;
-OUT and the aligned folder apart from the inputs and each other), then streams: the models are read
-one part at a time (`model.LazyModel`), OUT is written part by part as the weighted mean of
-`g_i·M_i` (`stream.write_streaming`), and with `aligned` each `g_i·M_i` (its input's function exactly,
-up to storage rounding) goes to `aligned/<i>` (1-based, in the order given), all atomically.
-"""
+vocabulary and tokenizer / image processor; mixed widths expanded into the widest config that takes every
+other model, `expand.widest_many`; weights non-negative, one per model, summing to 1; data for the
+data-driven methods; OUT and the aligned folder apart from the inputs and each other), then matches
+(weight matching streams: models read one part at a time, `model.LazyModel`; activation, learned and
+dual matching hold the models in memory), writes OUT part by part as the weighted mean of `g_i·M_i`
+(`stream.write_streaming`), and with `aligned` each `g_i·M_i` (its input's function exactly, up to
+storage rounding; a narrow input in the widest config) to `aligned/<i>` (1-based, in the order given),
+all atomically."""
 
 from __future__ import annotations
 
@@ -51,12 +53,13 @@ def parse_weights(text: str | None) -> list[float] | None:
         raise SymmergeError(f"--weights {text!r}: give comma-separated numbers, e.g. 0.5,0.25,0.25") from None
 
 
-def check_models(models: list, names: list[str]) -> None:
-    """Every model shares the first one's group (architecture, sizes, vocabulary) and preprocessing."""
-    from .merge import check_compatible
+def check_models(models: list, names: list[str]) -> tuple[list, int]:
+    """(models, w): every model in one config (`expand.widest_many`: mixed widths expanded into the widest,
+    models[w] one of that config as it was), sharing one group (architecture, sizes, vocabulary) and
+    preprocessing; otherwise the first mismatch, with its reason."""
+    from .expand import widest_many
 
-    for m, name in zip(models[1:], names[1:]):
-        check_compatible(models[0], m, names[0], name)  # preprocessing files too
+    return widest_many(models, names)
 
 
 def check_outputs(inputs: list, outputs: list, force: bool) -> None:
@@ -96,13 +99,17 @@ class MeanView:
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
                  families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
-                 progress: bool = False, dtype=None) -> dict:
+                 progress: bool = False, dtype=None, data=None) -> dict:
     """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report. `dtype`:
     of the outputs (default: the first input's). The aligned models are written in the norm gauge of the
-    first input (`gauge.py`), so that their plain weighted average (DIR/mergekit.yml) is OUT.
+    first input of the widest config (`gauge.py`; the first input where all have one config), so that their
+    plain weighted average (DIR/mergekit.yml) is OUT.
 
+    `method`: a matcher with a many-model form (`registry.many_methods()`); `data`: a `registry.Data` for
+    the data-driven ones (activation: `train`; learned and dual: `train` and `val`).
     `families`: "default" for the spec's default families (`Spec.default_families`), None for every
     group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}."""
+    from .expand import ExpandedModel
     from .match.summary import summarize
     from .model import LazyModel
     from .stream import write_streaming
@@ -110,41 +117,44 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     w = check_weights(weights, len(paths))
     matcher = registry.get(method)
     if matcher.many is None:
-        raise SymmergeError(f"merge --method {method}: not built for many models yet; "
+        raise SymmergeError(f"merge --method {method}: not built for many models; "
                             f"choose from {', '.join(registry.many_methods())}")
+    if matcher.needs_data and data is None:
+        raise SymmergeError(f"merge --method {method} needs --data PATH (a data set to run the models on)")
     opts = registry.many_options_for(method, opts)
     names = [str(p) for p in paths]
-    models = [LazyModel(p, getattr(torch, opts["precision"])) for p in paths]
-    check_models(models, names)
+    models, ref = check_models([LazyModel(p, getattr(torch, opts.get("precision", "float64"))) for p in paths], names)
     families = models[0].spec.default_families() if families == "default" else families
     models[0].spec.select(families)  # unknown or absent families fail here, before any work
     registry.check(method, families, opts)
     check_outputs(paths, [out, aligned], force)
-    result = registry.align_many(method, models, w, families, opts=opts, progress=progress)
+    result = registry.align_many(method, models, w, families, data, opts=opts, progress=progress)
     selected = models[0].spec.select(families)
     rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
            "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],
-           "groups_selected": families or models[0].spec.families(), **result.figures,
+           "groups_selected": families or models[0].spec.families(),
+           "expanded": [i + 1 for i, m in enumerate(models) if isinstance(m, ExpandedModel)],
+           "gauge_of": names[ref], **result.figures,
            "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
     meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}
     write_streaming(MeanView(models, result.elements, w), lambda part: part, out, force=force, extra=meta,
                     progress=progress, dtype=dtype)
     if aligned is not None:
-        _write_aligned(models, result.elements, aligned, force, meta, progress, w, dtype)
+        _write_aligned(models, result.elements, aligned, force, meta, progress, w, dtype, ref)
     return rep
 
 
 def _write_aligned(models, elements, folder, force: bool, meta: dict, progress: bool, weights: list[float],
-                   dtype=None) -> None:
+                   dtype=None, ref: int = 0) -> None:
     """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), atomically,
-    in the norm gauge of the first input; `folder/mergekit.yml` is their weighted mean."""
+    in the norm gauge of input `ref` (one of the shared config); `folder/mergekit.yml` is their weighted mean."""
     from .gauge import side_files
     from .io import AtomicFolder, prepare_output
     from .model import reference_gauge
     from .stream import write_streaming
 
     folder = prepare_output(folder, force)
-    gauge = reference_gauge(models[0].path)
+    gauge = reference_gauge(models[ref].path)
     with AtomicFolder(folder) as tmp:
         if gauge is not None:
             outs = [Path(folder).resolve() / str(i) for i in range(1, len(models) + 1)]

@@ -31,10 +31,9 @@ def run_many(args, place) -> int:
     from ..model import load_model
 
     weights = check(args)
-    models = [load_model(p) for p in args.models]
     from ..merge_many import check_models
 
-    check_models(models, list(args.models))
+    models, _ = check_models([load_model(p) for p in args.models], list(args.models))  # mixed widths: the widest
     batches = load_batches(args.models[0], args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
     k = 16 if args.simplex_points is None else args.simplex_points
     seed = 0 if args.seed is None else args.seed

@@ -2,26 +2,40 @@
 
 from __future__ import annotations
 
+from .. import SymmergeError
 from ..match import registry
 from ..spec import FAMILIES
 from . import out_dtype
-from .checks import check_report_file
+from .checks import at_least, check_report_file
+
+#: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here)
+LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches")
 
 
 def register(sub) -> None:
     p = sub.add_parser("merge", help="align many models into shared coordinates and write their weighted average")
-    p.add_argument("models", nargs="+", help="two or more checkpoint folders of one architecture (never modified)")
+    p.add_argument("models", nargs="+", help="two or more checkpoint folders of one architecture (never modified); "
+                   "mixed widths are expanded into the widest")
     p.add_argument("-o", "--out", required=True, help="output folder: the weighted average, a stock checkpoint")
     p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
-                   help=f"the matcher (many-model forms built: {', '.join(registry.many_methods())})")
-    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
+                   help=f"the matcher (many-model forms: {', '.join(registry.many_methods())})")
+    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default uniform)")
     p.add_argument("--groups", default=None,
                    help=f"comma-separated families, or 'all' (default: the spec's choice, as align). Families: {','.join(FAMILIES)}")
     p.add_argument("--aligned", default=None, help="also write every model re-parameterised into the shared "
                    "coordinates (its own class and function) to DIR/1 ... DIR/n")
+    data = ", ".join(m.name for m in registry.MATCHERS.values() if m.needs_data)
+    p.add_argument("--data", default=None, help=f"{data}: data set (see symmerge.data); activation and learning use "
+                   "its train split, learned/dual choose the best state on validation")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help=f"{data}: sequences (images) per batch")
+    p.add_argument("--seq-len", type=at_least(1), default=None, help=f"{data}: tokens per sequence (default: context)")
+    p.add_argument("--max-batches", type=at_least(1), default=8, help=f"{data}: training batches")
     for name in ("max_iters", "precision"):
         opt = registry.OPTIONS[name]
-        _add(p, opt, f"pairwise matcher: {opt.help}")
+        _add(p, opt, f"weight matching: {opt.help}")
+    for name in LEARN_OPTIONS:
+        opt = registry.OPTIONS[name]
+        _add(p, opt, f"learned/dual: {opt.help}")
     for opt in registry.MANY_OPTIONS.values():
         _add(p, opt, opt.help)
     p.add_argument("--json", default=None, help="write the report (objective per round, rounds, groups found) here")
@@ -34,7 +48,24 @@ def _add(p, opt, text: str) -> None:
     kw = {"type": opt.type} if opt.type else {}  # the registry's type carries the bounds
     if opt.choices:
         kw["choices"] = opt.choices
-    p.add_argument(opt.flag, default=opt.default, help=text, **kw)
+    default = None if isinstance(opt.default, dict) else opt.default  # by method: the registry fills it in
+    shown = ", ".join(f"{v:g} for {m}" for m, v in opt.default.items()) if default is None else default
+    p.add_argument(opt.flag, default=default, help=f"{text} (default {shown})", **kw)
+
+
+def load_data(args, matcher, opts):
+    """registry.Data for a data-driven matcher (train batches; validation batches where it validates)."""
+    from ..data import load_batches
+
+    if not matcher.needs_data:
+        return None
+    if not args.data:
+        raise SymmergeError(f"merge --method {args.method} needs --data PATH (a data set to run the models on)")
+    first = args.models[0]
+    train = load_batches(first, args.data, "train", args.batch_size, args.seq_len, args.max_batches)
+    val = (load_batches(first, args.data, "validation", args.batch_size, args.seq_len, opts["val_batches"])
+           if matcher.validates else [])
+    return registry.Data(train, val)
 
 
 def run(args) -> int:
@@ -42,16 +73,28 @@ def run(args) -> int:
     from ..report import write
 
     check_report_file(args.json, "--json")
+    matcher = registry.get(args.method)
+    if matcher.needs_data and not args.data:
+        raise SymmergeError(f"merge --method {args.method} needs --data PATH (a data set to run the models on)")
     families = "default"
     if args.groups is not None:
         from .transform import parse_groups
 
         families = parse_groups(args.groups)
-    rep = merge_models(args.models, args.out, parse_weights(args.weights), args.method, families, args.aligned,
-                       args.force, vars(args), progress=True, dtype=out_dtype.resolve(args))
+    opts = registry.many_options_for(args.method, vars(args))
+    weights = parse_weights(args.weights)
+    from ..merge_many import check_weights
+
+    check_weights(weights, len(args.models))  # before the data is read
+    data = load_data(args, matcher, opts)
+    rep = merge_models(args.models, args.out, weights, args.method, families, args.aligned,
+                       args.force, opts, progress=True, dtype=out_dtype.resolve(args), data=data)
     if args.json:
         write(args.json, "merge", rep)
     h = rep["objective"]
-    print(f"wrote {args.out}: {len(args.models)} models merged by {args.method} matching; similarity to the mean "
-          f"{h[0]:.6f} -> {h[-1]:.6f} in {rep['rounds']} rounds ({rep['seconds']:.1f}s)")
+    what = "similarity to the mean" if args.method != "activation" else "minus the average's loss"
+    tail = (f"; validation objective {rep['objective_before']:.4f} -> {rep['objective_after']:.4f} ({rep['gauge']})"
+            if matcher.validates else "")
+    print(f"wrote {args.out}: {len(args.models)} models merged by {args.method} matching; {what} "
+          f"{h[0]:.6f} -> {h[-1]:.6f} in {rep['rounds']} rounds ({rep['seconds']:.1f}s){tail}")
     return 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -95,37 +96,29 @@ class ManyResult:
     extra: dict = field(default_factory=dict)
 
 
-def _match(spec, target, source, families, max_iters, g0, dtype) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    res = weight_match(spec, target, source, families, max_iters, g0=g0, dtype=dtype)
-    return res.g, time.perf_counter() - t0
-
-
-def weight_match_many(spec: Spec, sources: list, weights: list[float], families: list[str] | None = None,
-                      max_rounds: int = 10, max_iters: int = 20, seed: int = 0, tol: float = 1e-12,
-                      dtype: torch.dtype = G.DTYPE, progress: bool = False) -> ManyResult:
-    """The elements bringing every model of `sources` (canonical dicts or `LazyModel`s of one shape) into
-    shared coordinates, by the schedule in the module docstring; `weights` sum to 1."""
+def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, identity: dict, max_rounds: int = 10,
+           seed: int = 0, tol: float = 1e-12, progress: bool = False, desc: str = "merge rounds") -> ManyResult:
+    """The schedule of the module docstring for any matcher: `match(i, keep, elements, g0)` returns
+    (model i's element bringing it to the weighted mean of `g_j·P_j` over `keep`, seconds), starting from
+    `g0` where the matcher takes a start (None: from the identity); `value_of(elements)` is the objective
+    (higher is better), recomputed over every model. A new element is kept only if the objective does
+    not decrease, so the history never decreases."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
-    n = len(sources)
-    srcs = as_parts(sources, dtype)
-    identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     elements = [dict(identity) for _ in range(n)]
-    history = [objective(spec, srcs, elements, weights)]
+    history = [value_of(elements)]
     gen = torch.Generator().manual_seed(seed)
     orders, rejected, inner = [], 0, 0.0
-    for rnd in tqdm(range(max_rounds), desc="merge rounds", disable=not progress):
+    for rnd in tqdm(range(max_rounds), desc=desc, disable=not progress):
         order = torch.randperm(n, generator=gen).tolist()
         orders.append(order)
         if rnd == 0:  # each model to the mean of those visited before it, from the identity
             trial = [dict(identity) for _ in range(n)]
             for k, i in enumerate(order[1:], start=1):
-                target = MeanParts(spec, srcs, trial, weights, order[:k], dtype)
-                trial[i], s = _match(spec, target, srcs[i], families, max_iters, None, dtype)
+                trial[i], s = match(i, order[:k], trial, None)
                 inner += s
-            value = objective(spec, srcs, trial, weights)
+            value = value_of(trial)
             if value >= history[-1]:
                 elements = trial
             else:
@@ -133,11 +126,10 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
         else:  # each model to the mean of all the others, from its current element
             value = history[-1]
             for i in order:
-                target = MeanParts(spec, srcs, elements, weights, [j for j in range(n) if j != i], dtype)
-                cand, s = _match(spec, target, srcs[i], families, max_iters, elements[i], dtype)
+                cand, s = match(i, [j for j in range(n) if j != i], elements, elements[i])
                 inner += s
                 trial = [*elements[:i], cand, *elements[i + 1:]]
-                new = objective(spec, srcs, trial, weights)
+                new = value_of(trial)
                 if new >= value:
                     elements, value = trial, new
                 else:
@@ -146,3 +138,67 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
         if rnd > 0 and history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30):
             break
     return ManyResult(elements, history, orders, time.perf_counter() - start, rejected, inner)
+
+
+def weight_match_many(spec: Spec, sources: list, weights: list[float], families: list[str] | None = None,
+                      max_rounds: int = 10, max_iters: int = 20, seed: int = 0, tol: float = 1e-12,
+                      dtype: torch.dtype = G.DTYPE, progress: bool = False, products: str | None = None) -> ManyResult:
+    """The elements bringing every model of `sources` (canonical dicts or `LazyModel`s of one shape) into
+    shared coordinates, by the schedule in the module docstring; `weights` sum to 1; `products` as
+    `weight.weight_match`'s."""
+    srcs = as_parts(sources, dtype)
+
+    def match(i, keep, elements, g0):
+        t0 = time.perf_counter()
+        target = MeanParts(spec, srcs, elements, weights, keep, dtype)
+        res = weight_match(spec, target, srcs[i], families, max_iters, g0=g0, dtype=dtype, products=products)
+        return res.g, time.perf_counter() - t0
+
+    identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
+    return rounds(len(srcs), lambda el: objective(spec, srcs, el, weights), match, identity, max_rounds, seed, tol,
+                  progress)
+
+
+# --- activation matching of many models -------------------------------------------------------------------
+
+
+def mean_model(models: list, elements: list[dict], weights: list[float], keep: list[int]):
+    """The weighted mean of `g_j·P_j` over `keep` as an in-memory `Model` of the first model's kind."""
+    from ..model import Model
+
+    m0 = models[0]
+    mean = MeanParts(m0.spec, as_parts([m.params for m in models]), elements, weights, keep)
+    params = {k: v for key in part_keys(m0.shape) for k, v in mean.part(key).items()}
+    return Model(m0.path, m0.config, m0.adapter, m0.shape, m0.spec, params, m0.dtype, dict(m0.meta))
+
+
+def average_loss(models: list, elements: list[dict], weights: list[float], batches: list[dict], forward=None) -> float:
+    """The stock HF loss of the weighted average of `g_i·P_i` on `batches` (mean over batches)."""
+    from ..evaluate import StockForward
+
+    forward = forward or StockForward(models[0], torch.float64)
+    mean = mean_model(models, elements, weights, list(range(len(models))))
+    return forward.mean_loss(mean.params, batches)
+
+
+def activation_match_many(models: list, weights: list[float], batches: list[dict], families: list[str] | None = None,
+                          max_rounds: int = 10, seed: int = 0, tol: float = 1e-12, progress: bool = False) -> ManyResult:
+    """Activation matching of many in-memory `Model`s, by the schedule of the module docstring: model i is
+    matched (`activation.activation_match`, from scratch) to the leave-one-out mean *model* of the others,
+    whose activations come from running it. The objective is minus the stock HF loss of the weighted
+    average on `batches` (the data the activations are taken on): higher is better, never decreasing."""
+    from ..evaluate import StockForward
+    from .activation import activation_match
+
+    spec = models[0].spec.restricted(families)
+    forward = StockForward(models[0], torch.float64)
+
+    def match(i, keep, elements, g0):
+        t0 = time.perf_counter()
+        target = mean_model(models, elements, weights, keep)
+        g = activation_match(target, models[i], batches, families).g
+        return g, time.perf_counter() - t0
+
+    identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
+    value = lambda el: -average_loss(models, el, weights, batches, forward)  # noqa: E731
+    return rounds(len(models), value, match, identity, max_rounds, seed, tol, progress, "activation merge rounds")

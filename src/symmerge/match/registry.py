@@ -182,6 +182,8 @@ def _run_learned(method: str, a, b, families, data, opts, start, progress: bool 
 
 _LEARN_OPTIONS = ("param", "steps", "lr", "lam_range", "lam_sampling", "seed", "eval_every", "patience",
                   "val_batches", "val_points")
+
+
 @dataclass
 class ManyAlignment:
     """What a many-model matcher returns: `elements[i]` acts on model i; `figures` its JSON-able report
@@ -195,32 +197,69 @@ class ManyAlignment:
 MANY_OPTIONS = {o.name: o for o in (
     Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", at_least(1)),
     Option("order_seed", 0, "seed of the order the models are visited in, each round", int),
+    Option("val_simplex_points", 4, "learned/dual: Dirichlet points of the validation objective, besides the merge "
+           "weights", at_least(1)),
 )}
 
 
-def _run_weight_many(sources, weights, families, data, opts, progress: bool = False) -> ManyAlignment:
+def _in_memory(source) -> Model:
+    """A `LazyModel` (or an expanded one) read into memory; a `Model` as it is."""
+    return source if isinstance(source, Model) else source.as_model()
+
+
+def _many_figures(res, name: str) -> dict:
+    return {"objective_name": name, "objective": res.history, "rounds": len(res.history) - 1, "orders": res.orders,
+            "updates_not_kept": res.rejected, "seconds": res.seconds, "pairwise_seconds": res.pairwise_seconds}
+
+
+def _run_weight_many(sources, weights, families, data, opts, start=None, progress: bool = False) -> ManyAlignment:
     from .many import weight_match_many
 
-    res = weight_match_many(sources[0].spec, sources, weights, families, opts["max_rounds"], opts["max_iters"],
-                            opts["order_seed"], dtype=getattr(torch, opts["precision"]), progress=progress)
-    figures = {"objective_name": "similarity to the mean = 1 - sum_i w_i ||g_i.M_i - mean||^2 / sum_i w_i ||M_i||^2 "
-               "over canonical tensors", "objective": res.history, "rounds": len(res.history) - 1,
-               "orders": res.orders, "updates_not_kept": res.rejected, "seconds": res.seconds,
-               "pairwise_seconds": res.pairwise_seconds}
-    return ManyAlignment("weight", res.elements, figures)
+    spec = sources[0].spec
+    sources = [s.params if isinstance(s, Model) else s for s in sources]  # in memory, or read part by part
+    res = weight_match_many(spec, sources, weights, families, opts["max_rounds"], opts["max_iters"],
+                            opts["order_seed"], dtype=getattr(torch, opts["precision"]), progress=progress,
+                            products=opts["cost_products"])
+    name = ("similarity to the mean = 1 - sum_i w_i ||g_i.M_i - mean||^2 / sum_i w_i ||M_i||^2 over canonical "
+            "tensors")
+    return ManyAlignment("weight", res.elements, _many_figures(res, name))
+
+
+def _run_activation_many(sources, weights, families, data, opts, start=None, progress: bool = False) -> ManyAlignment:
+    from .many import activation_match_many
+
+    res = activation_match_many([_in_memory(s) for s in sources], weights, data.train, families, opts["max_rounds"],
+                                opts["order_seed"], progress=progress)
+    figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
+    figures["average_loss"] = [-v for v in res.history]
+    return ManyAlignment("activation", res.elements, figures)
+
+
+def _run_learned_many(method: str, sources, weights, families, data, opts, start=None,
+                      progress: bool = False) -> ManyAlignment:
+    from .learn_many import learn_many
+
+    cfg = _learn_config(method, families, opts, progress)
+    res = learn_many([_in_memory(s) for s in sources], weights, data.train, data.val, cfg, init=start.elements,
+                     val_points=opts["val_simplex_points"])
+    figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
+               "seconds": start.figures["seconds"] + res.report["time_s"], "weight_matching": start.figures}
+    return ManyAlignment(method, res.elements, figures)
 
 
 MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
             ("max_iters", "precision", "cost_products"), streams=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "match activations on --data", True, _run_activation,
-            ("precision",), streams=True),
+            ("precision",), streams=True, many=_run_activation_many),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
             "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
-            validates=True, starts_from="weight", check=partial(_check_learned, "learned"), forward=True),
+            validates=True, starts_from="weight", check=partial(_check_learned, "learned"), forward=True,
+            many=partial(_run_learned_many, "learned")),
     Matcher("dual", "dual learned matching", "learn both endpoints' continuous symmetries (from the "
             "weight-matching solution)", True, partial(_run_learned, "dual"), _LEARN_OPTIONS,
-            validates=True, starts_from="weight", check=partial(_check_learned, "dual"), forward=True),
+            validates=True, starts_from="weight", check=partial(_check_learned, "dual"), forward=True,
+            many=partial(_run_learned_many, "dual")),
 )}
 
 
@@ -291,9 +330,17 @@ def many_methods() -> list[str]:
 
 
 def align_many(name: str, sources: list, weights: list[float], families: list[str] | None,
-               data: Data | None = None, opts: dict | None = None, **runtime) -> ManyAlignment:
-    """Run the many-model form of matcher `name`: every model of `sources` into shared coordinates."""
+               data: Data | None = None, opts: dict | None = None, start: ManyAlignment | None = None,
+               **runtime) -> ManyAlignment:
+    """Run the many-model form of matcher `name` (after the one it starts from, unless `start` is given):
+    every model of `sources` (`LazyModel`s or `Model`s of one shape) into shared coordinates."""
     m = get(name)
     if m.many is None:
         raise SymmergeError(f"{m.label} has no many-model form yet; merge --method takes {', '.join(many_methods())}")
-    return m.many(sources, weights, families, data, many_options_for(name, opts), **runtime)
+    opts = many_options_for(name, opts)
+    if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
+        raise SymmergeError(f"merge --method {name} needs data (--data): training"
+                            f"{' and validation' if m.validates else ''} batches")
+    if m.starts_from and start is None:
+        start = align_many(m.starts_from, sources, weights, families, data, opts, progress=runtime.get("progress", False))
+    return m.many(sources, weights, families, data, opts, start=start, **runtime)

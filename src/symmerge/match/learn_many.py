@@ -1,0 +1,236 @@
+"""Learned and dual matching of many models: every model's group element trained on the task loss at
+random points of the simplex, the model weights frozen.
+
+Models P_1..P_n with starting elements g0_i (the many-model weight-matching solution). At each step a
+batch and a point alpha ~ Dirichlet(1, ..., 1) of the simplex are drawn from (seed, step) alone, and the
+loss is the stock HF loss (`evaluate.StockForward`) of sum_i alpha_i g_i·P_i.
+
+- "learned": g_i = h_i∘g0_i, with h_i's continuous groups parameterised (`parametrize.py`, from the
+  identity) and its permutations learned by straight-through estimation (latents at g0_i's
+  permutations), as one-sided learned matching does for B (`learner.py`).
+- "dual": g0_i is absorbed into P_i first; then each model learns a continuous h_i from the identity;
+  permutations stay g0_i's. g_i = h_i∘g0_i.
+
+Gauge: the loss is unchanged when every model moves by one common element k (sum_i alpha_i k·X_i =
+k·sum_i alpha_i X_i computes what the mix computes), so the n elements are determined only up to that
+common element. It is fixed by the reference: model 1 (index 0) keeps g0_1 and learns nothing; the
+others learn. For n = 2 "learned" is one-sided learned matching of model 2 against model 1, and "dual"
+is one-sided learning with the permutations fixed, which reaches exactly the paths pairwise dual
+matching reaches (`learned.py`).
+
+Validation: the excess L(sum_i a_i X_i) - sum_i a_i L_i on the validation batches at the merge weights
+and at `val_points` seeded Dirichlet points (the endpoint losses L_i are fixed: each X_i computes its
+input's function). The validation objective is the largest excess (not floored at 0); the state with
+the lowest is kept (step 0 included, so the result is never worse on it than the start).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import SymmergeError
+from .. import groups as G
+from ..apply import StraightThrough, apply
+from ..evaluate import StockForward
+from ..model import Model
+from ..spec import Spec, compose, identity_element
+from .learn_config import DTYPES, LearnConfig
+from .learner import Slot, lap
+from .parametrize import learnable, parametrization, resolve_methods, straight_through
+
+#: the model whose element is fixed (the gauge), 0-based
+REFERENCE = 0
+
+
+def gauge_note(n: int) -> str:
+    return (f"reference: model {REFERENCE + 1} of {n} keeps its weight-matching element and learns nothing "
+            "(a common element of all models leaves the loss unchanged)")
+
+
+def dirichlet_point(n: int, gen: torch.Generator) -> list[float]:
+    """One point drawn uniformly on the simplex of `n` vertices."""
+    e = -torch.log(torch.rand(n, generator=gen, dtype=torch.float64).clamp_min(1e-300))
+    return (e / e.sum()).tolist()
+
+
+def step_randomness(seed: int, step: int, n_batches: int, n: int) -> tuple[int, list[float]]:
+    """The batch index and the simplex point of one step, from (seed, step) alone."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    idx = int(torch.randint(n_batches, (), generator=gen))
+    return idx, dirichlet_point(n, gen)
+
+
+def _check_member(spec: Spec, g: dict, what: str) -> None:
+    for name, grp in spec.groups.items():
+        err = G.membership_error(grp, g[name])
+        if err > 1e-6:
+            raise SymmergeError(f"{what}: {name} is not in its group (error {err:.2e})")
+
+
+class ManyLearner:
+    """The frozen models, one set of slots per learned model (every model but the reference) and the loss."""
+
+    def __init__(self, models: list[Model], cfg: LearnConfig, init: list[dict] | None = None):
+        cfg.validate()
+        self.n, self.cfg = len(models), cfg
+        self.spec = models[0].spec.restricted(cfg.groups)
+        ident = identity_element(self.spec)
+        self.init = [{k: t.clone() for k, t in g.items()} for g in (init or [ident] * self.n)]
+        for i, g in enumerate(self.init):
+            _check_member(self.spec, g, f"the initial element of model {i + 1}")
+        self.dual = cfg.method == "dual"
+        selected = self.spec.select(self.spec.default_families() if cfg.groups is None else cfg.groups)
+        cont = [g for g in selected if learnable(self.spec.groups[g])]
+        ste = [] if self.dual else [g for g in selected if straight_through(self.spec.groups[g])]
+        if not cont and not ste:
+            raise SymmergeError(f"{cfg.method} merging has nothing to learn in {cfg.groups or 'the default groups'}")
+        self.fixed_groups = [g for g in self.spec.groups if g not in cont and g not in ste]
+        self.methods = resolve_methods({g: self.spec.groups[g] for g in cont}, cfg.param)
+        self.base = [ident] * self.n if self.dual else self.init
+        self.learned = [i for i in range(self.n) if i != REFERENCE]
+        self.slots = {i: self._slots(i, cont, ste) for i in self.learned}
+        self.obj = StockForward(models[0], DTYPES[cfg.dtype])
+        sources = [apply(self.spec, g, m.params) if self.dual else m.params for g, m in zip(self.init, models)]
+        self.params = [self.obj.cast(p) for p in sources]
+        self.fixed_moved = {REFERENCE: self._moved(REFERENCE, hard=True)}
+
+    def _slots(self, i: int, cont, ste) -> list[Slot]:
+        slots = []
+        for name in cont:
+            p = parametrization(self.spec.groups[name], self.methods[name])
+            raw, fixed = p.from_element(self.base[i][name]) if self.cfg.anchor == "absolute" else p.identity()
+            slots.append(Slot(str(i), name, p, raw, fixed))
+        for name in ste:
+            start = self.base[i][name]
+            latent = start if start.is_floating_point() else torch.nn.functional.one_hot(start, start.shape[-1])
+            slots.append(Slot(str(i), name, None, {"latent": latent.to(torch.float32)}))
+        for s in slots:
+            for t in s.raw.values():
+                t.requires_grad_(True)
+        return slots
+
+    def trainables(self) -> dict[str, torch.Tensor]:
+        return {f"{s.key}.{k}": t for i in self.learned for s in self.slots[i] for k, t in sorted(s.raw.items())}
+
+    def element(self, i: int, hard: bool) -> dict:
+        """Model i's element on top of its base (straight-through permutations unless `hard`)."""
+        g = dict(self.base[i])
+        for s in self.slots.get(i, []):
+            grp = self.spec.groups[s.group]
+            if s.param is None:
+                p = lap(s.raw["latent"])
+                if grp.structure.index_vector:
+                    g[s.group] = p if hard else StraightThrough(p, s.raw["latent"])
+                else:  # a permutation matrix: hard forward, latent backward
+                    mat = torch.nn.functional.one_hot(p, grp.size).to(G.DTYPE)
+                    g[s.group] = mat if hard else mat + (s.raw["latent"] - s.raw["latent"].detach())
+                continue
+            h = s.param.element(s.raw, s.fixed)
+            g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[i][s.group])
+        return g
+
+    def _moved(self, i: int, hard: bool) -> dict[str, torch.Tensor]:
+        if i in getattr(self, "fixed_moved", {}):
+            return self.fixed_moved[i]
+        g = self.element(i, hard)
+        if not hard:  # cast once to the forward's dtype, not once per tensor acted on
+            g = {k: t.to(self.obj.dtype) if torch.is_tensor(t) and t.is_floating_point() else t for k, t in g.items()}
+        return apply(self.spec, g, self.params[i])
+
+    def mix(self, alpha: list[float], hard: bool) -> dict[str, torch.Tensor]:
+        """sum_i alpha_i g_i·P_i; a 0-dim value equal in every model (the eps) kept as it is (`interpolate`)."""
+        moved = [self._moved(i, hard) for i in range(self.n)]
+
+        def same(k):
+            return moved[0][k].dim() == 0 and all(torch.equal(moved[0][k], m[k]) for m in moved[1:])
+
+        return {k: moved[0][k] if same(k) else sum(a * m[k] for a, m in zip(alpha, moved)) for k in moved[0]}
+
+    def loss(self, batch: dict, alpha: list[float]) -> torch.Tensor:
+        return self.obj.loss(self.mix(alpha, hard=False), batch)
+
+    @torch.no_grad()
+    def losses(self, batches: list[dict], points: list[list[float]]) -> list[float]:
+        return [self.obj.mean_loss(self.mix(a, hard=True), batches) for a in points]
+
+    def final_elements(self) -> list[dict[str, torch.Tensor]]:
+        """Each model's full element (checked members): g_i = h_i∘g0_i."""
+        with torch.no_grad():
+            out = [{k: t.detach().clone() for k, t in self.element(i, hard=True).items()} for i in range(self.n)]
+        if self.dual:
+            out = [compose(self.spec, h, g0) for h, g0 in zip(out, self.init)]
+        for i, g in enumerate(out):
+            _check_member(self.spec, g, f"the learned element of model {i + 1}")
+        return out
+
+
+@dataclass
+class ManyLearnResult:
+    elements: list[dict[str, torch.Tensor]]
+    report: dict
+
+
+def _excess(losses: list[float], ends: list[float], points: list[list[float]]) -> list[float]:
+    return [loss - math.fsum(a * e for a, e in zip(alpha, ends)) for loss, alpha in zip(losses, points)]
+
+
+def learn_many(models: list[Model], weights: list[float], train: list[dict], val: list[dict], cfg: LearnConfig,
+               init: list[dict] | None = None, val_points: int = 4) -> ManyLearnResult:
+    """Run learned or dual matching of many models (module docstring); the elements and a JSON-able report."""
+    from ..barrier_many import dirichlet
+
+    if not train or not val:
+        raise SymmergeError(f"{cfg.method} merging needs training and validation batches (--data)")
+    learner = ManyLearner(models, cfg, init)
+    n = learner.n
+    vertices = [[float(j == i) for j in range(n)] for i in range(n)]
+    points = [list(weights), *dirichlet(n, val_points, cfg.seed + 1)]
+    ends = learner.losses(val, vertices)
+    params = learner.trainables()
+    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
+    history, best, best_value, best_step, diverged = [], None, None, 0, False
+
+    def evaluate(step: int) -> None:
+        nonlocal best, best_value, best_step
+        exc = _excess(learner.losses(val, points), ends, points)
+        value = max(exc)
+        history.append({"step": step, "objective": value if math.isfinite(value) else None, "excess": exc})
+        if math.isfinite(value) and (best_value is None or value < best_value):
+            best_value, best_step = value, step
+            best = {k: v.detach().clone() for k, v in params.items()}
+
+    start = time.perf_counter()
+    evaluate(0)
+    step = 0
+    for step in tqdm(range(1, cfg.steps + 1), desc=f"{cfg.method} merging", disable=not cfg.progress):
+        idx, alpha = step_randomness(cfg.seed, step - 1, len(train), n)
+        for pg in opt.param_groups:
+            pg["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / max(cfg.steps, 1)))
+        opt.zero_grad(set_to_none=True)
+        loss = learner.loss(train[idx], alpha)
+        if not torch.isfinite(loss):  # keep the best state rather than step into NaN
+            diverged = True
+            break
+        loss.backward()
+        opt.step()
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            evaluate(step)
+    with torch.no_grad():
+        for k, t in params.items():
+            t.copy_(best[k])
+    report = {
+        "method": cfg.method, "gauge": gauge_note(n), "steps": step if cfg.steps else 0,
+        "time_s": round(time.perf_counter() - start, 3), "validation_objective":
+        "largest excess L(sum_i a_i X_i) - sum_i a_i L_i over the merge weights and the validation Dirichlet points",
+        "validation_points": points, "validation_endpoint_losses": ends,
+        "objective_before": history[0]["objective"], "objective_after": best_value, "best_step": best_step,
+        "diverged": diverged, "parameterisation": {s.group: (s.param.method if s.param else "straight-through")
+                                                   for s in learner.slots.get(1, [])},
+        "fixed_groups": learner.fixed_groups, "settings": cfg.settings(), "history": history,
+    }
+    return ManyLearnResult(learner.final_elements(), report)
