@@ -14,30 +14,28 @@ import pytest
 import torch
 
 from checks import assert_different_function, assert_same_function, stock
-from factories import example_inputs, lm_batches, make_model
+from factories import example_inputs, lm_batches
 from symmerge.apply import apply
 from symmerge.barrier_many import many_barrier
 from symmerge.cli import main
-from symmerge.expand import expand_checkpoint
 from symmerge.model import load_model, save_model
 from symmerge.spec import random_element
 from test_expand_align import _wide_config
+from test_expand_align import planted as expand_planted  # noqa: F401 (a fixture)
 from test_merge_many_methods import own_labels
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
-def planted(request, tmp_path_factory):
-    arch, root = request.param, tmp_path_factory.mktemp(request.param)
-    make_model(arch).save_pretrained(root / "narrow")
-    _wide_config(arch).save_pretrained(root / "like")
-    expand_checkpoint(root / "narrow", root / "like", root / "expanded")
-    e = load_model(root / "expanded")
-    for k in (1, 2):
-        g = random_element(e.spec, torch.Generator().manual_seed(k), e.spec.default_families())
-        save_model(e, apply(e.spec, g, e.params), root / f"wide{k}")
-    return arch, root, [root / "narrow", root / "wide1", root / "wide2"]
+@pytest.fixture(scope="module")
+def planted(expand_planted):  # noqa: F811 (the imported fixture, requested by name)
+    """test_expand_align's NARROW and WIDE (= WIDE_1), and WIDE_2 from another element."""
+    arch, root = expand_planted
+    if not (root / "wide2").exists():
+        e = load_model(root / "expanded")
+        save_model(e, apply(e.spec, random_element(e.spec, torch.Generator().manual_seed(4), e.spec.default_families()),
+                            e.params), root / "wide2")
+    return arch, root, [root / "narrow", root / "wide", root / "wide2"]
 
 
 def test_merge_mixed_widths_gives_the_narrow_function_in_the_wide_config(planted, tmp_path):
@@ -56,7 +54,7 @@ def test_merge_mixed_widths_gives_the_narrow_function_in_the_wide_config(planted
     r = json.loads(rep.read_text())
     assert r["expanded"] == [1] and r["gauge_of"] == str(paths[1]) and r["objective"][-1] > 1 - 1e-9
     # negative control: the expansion averaged with the wide models without alignment is another function
-    e, w1, w2 = (load_model(root / n) for n in ("expanded", "wide1", "wide2"))
+    e, w1, w2 = (load_model(root / n) for n in ("expanded", "wide", "wide2"))
     plain = {k: (e.params[k] + w1.params[k] + w2.params[k]) / 3 for k in e.params}
     save_model(e, plain, tmp_path / "plain")
     assert_different_function(stock(tmp_path / "plain"), narrow, x, what=f"{arch}: plain average of the expansion")
