@@ -94,6 +94,7 @@ class ManyResult:
     rejected: int = 0  # model updates not kept (they would have lowered the objective)
     pairwise_seconds: float = 0.0  # time inside the pairwise matcher
     extra: dict = field(default_factory=dict)
+    round_seconds: list[float] = field(default_factory=list)  # each round's time, its objectives included
 
 
 def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, identity: dict, max_rounds: int = 10,
@@ -109,8 +110,9 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
     elements = [dict(identity) for _ in range(n)]
     history = [value_of(elements)]
     gen = torch.Generator().manual_seed(seed)
-    orders, rejected, inner = [], 0, 0.0
+    orders, rejected, inner, took = [], 0, 0.0, []
     for rnd in tqdm(range(max_rounds), desc=desc, disable=not progress):
+        t_round = time.perf_counter()
         order = torch.randperm(n, generator=gen).tolist()
         orders.append(order)
         if rnd == 0:  # each model to the mean of those visited before it, from the identity
@@ -135,9 +137,10 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
                 else:
                     rejected += 1
         history.append(value)
+        took.append(time.perf_counter() - t_round)
         if rnd > 0 and history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30):
             break
-    return ManyResult(elements, history, orders, time.perf_counter() - start, rejected, inner)
+    return ManyResult(elements, history, orders, time.perf_counter() - start, rejected, inner, round_seconds=took)
 
 
 def weight_match_many(spec: Spec, sources: list, weights: list[float], families: list[str] | None = None,
