@@ -41,11 +41,13 @@ SHAPES = {"pythia-70m": (512, 6, 8), "pythia-410m": (1024, 24, 16), "pythia-1.4b
           "llama-2-7b": (4096, 32, 32)}  # d, layers, heads
 
 
-def shape_config(name: str):
-    """The HF config of a shape: GPT-NeoX (Pythia) or Llama (Llama-2-7B; OLMo-7B has the same sizes)."""
+def shape_config(name: str, depth: int | None = None):
+    """The HF config of a shape: GPT-NeoX (Pythia) or Llama (Llama-2-7B; OLMo-7B has the same sizes);
+    `depth`: fewer layers than the shape's own (the per-block cost and memory at full width)."""
     import transformers as T
 
     d, layers, heads = SHAPES[name]
+    layers = depth or layers
     if name.startswith("llama"):
         config = T.LlamaConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                                num_key_value_heads=heads, intermediate_size=11008, vocab_size=32000,
@@ -63,11 +65,11 @@ def rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def write_random_checkpoint(folder: Path, name: str, seed: int) -> None:
+def write_random_checkpoint(folder: Path, name: str, seed: int, depth: int | None = None) -> None:
     """A random-initialised bf16 checkpoint of the shape's config, written tensor by tensor."""
     if (folder / "config.json").is_file():
         return
-    config = shape_config(name)
+    config = shape_config(name, depth)
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     writer = ShardWriter(folder, 2 * 1024**3)
@@ -119,14 +121,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cost-products", choices=CHOICES, default=CHOICES[0])
     ap.add_argument("--write-only", action="store_true", help="only write the two checkpoints")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape has (per-block figures "
+                    "at full width)")
     ap.add_argument("--groups", default=None, help="comma-separated families (default: the spec's default families, as align)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
-    root = Path(args.folder) / args.shape
+    root = Path(args.folder) / (args.shape + (f"-L{args.layers}" if args.layers else ""))
     t0 = time.perf_counter()
     for side, seed in (("a", 0), ("b", 1)):
-        write_random_checkpoint(root / side, args.shape, seed)
+        write_random_checkpoint(root / side, args.shape, seed, args.layers)
     print(f"checkpoints in {root} ({time.perf_counter() - t0:.0f}s to write or find); RSS so far {rss_gib():.2f} GiB")
     if args.write_only:
         return
@@ -168,6 +172,9 @@ def main() -> None:
           f"+ cost matrices and the rest {cost:.1f}")
     print(f"floor: plain read of both {read_s:.1f}s + assignments per sweep {assign / sweeps:.1f}s; "
           f"sweep / floor = {per_sweep / (read_s + assign / sweeps):.2f}")
+    reads = [t for _, t, _ in log[n_parts:n_parts + a.shape.n_layers]] + [end]
+    print("sweep 1, seconds per block (the last with the residual solve): "
+          + ", ".join(f"{y - x:.1f}" for x, y in zip(reads, reads[1:])))
     print(f"peak RSS: at the middle block of sweep 1 {mid[2]:.2f} GiB, at the end {rss_end:.2f} GiB")
     series = ", ".join(f"{k}: {r:.2f}" for k, _, r in log[n_parts:n_parts + a.shape.n_layers])
     print(f"peak RSS (GiB) when sweep 1 starts reading each part: {series}")
