@@ -41,6 +41,8 @@ class StreamRun:
         self.res_groups = [n for n in (ROTATION, SCALE) if n in spec.groups]
         self.fixed = ResidualFit(spec)  # the statistics of the parts that never change (`fixed_parts`)
         self.fixed_parts = self._fixed_parts()
+        # at the identity B's parts need no moving for the starting objective (apply would still multiply)
+        self.starts_at_identity = all(torch.equal(x, G.identity(spec.groups[n])) for n, x in g.items())
         self.steps = self.rejected = 0
         self.seconds: dict[str, float] = {}
         self.timer = Timer(self.seconds)
@@ -86,7 +88,7 @@ class StreamRun:
                     self.fixed.merge(part)
                     total.merge(part)
                     return
-            total.add_distances(pa, apply(self.spec, self.g, pb))
+            total.add_distances(pa, pb if self.starts_at_identity else apply(self.spec, self.g, pb))
 
     def new_fit(self) -> ResidualFit:
         """A sweep's statistics, holding those of the parts that never change already (kept from the start
