@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--max-batches", type=at_least(1), default=8,
                    help=f"{data}: batches of data used (learned/dual: training batches)")
     for opt in registry.OPTIONS.values():
-        _add_option(p, opt)
+        add_option(p, opt)
     p.add_argument("--resume", action="store_true", help="learned/dual: continue the interrupted run of OUT")
     p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
@@ -46,10 +46,11 @@ def forward_methods() -> list[str]:
     return [m.name for m in registry.MATCHERS.values() if m.forward]
 
 
-def _add_option(p, opt) -> None:
+def add_option(p, opt, text: str | None = None) -> None:
     """One matcher option, with the registry's default: shown by the help formatter, or, where it differs
-    by method (None here: the registry fills it in), named per method in the help."""
-    users = registry.users(opt.name)
+    by method (None here: the registry fills it in), named per method in the help. `text`: the help
+    (default: the methods that use it, then the registry's help)."""
+    text = f"{'/'.join(registry.users(opt.name))}: {opt.help}" if text is None else text
     default, shown = opt.default, ""
     if isinstance(default, dict):
         default, shown = None, " (default: " + ", ".join(f"{v:g} for {m}" for m, v in opt.default.items()) + ")"
@@ -58,7 +59,7 @@ def _add_option(p, opt) -> None:
     kw = {"type": opt.type} if opt.type else {}
     if opt.choices:
         kw["choices"] = opt.choices
-    p.add_argument(opt.flag, default=default, help=f"{'/'.join(users)}: {opt.help}{shown}", **kw)
+    p.add_argument(opt.flag, default=default, help=f"{text}{shown}", **kw)
 
 
 def load_data(args, model_dir, split: str | None = None, max_batches: int | None = None) -> list[dict]:

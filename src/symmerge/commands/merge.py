@@ -6,6 +6,7 @@ from .. import SymmergeError
 from ..match import registry
 from ..spec import FAMILIES
 from . import out_dtype
+from .align import add_option
 from .checks import at_least, check_report_file
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here)
@@ -19,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", required=True, help="output folder: the weighted average, a stock checkpoint")
     p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
                    help=f"the matcher (many-model forms: {', '.join(registry.many_methods())})")
-    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default uniform)")
+    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
     p.add_argument("--groups", default=None,
                    help=f"comma-separated families, or 'all' (default: the spec's choice, as align). Families: {','.join(FAMILIES)}")
     p.add_argument("--aligned", default=None, help="also write every model re-parameterised into the shared "
@@ -32,25 +33,16 @@ def register(sub) -> None:
     p.add_argument("--max-batches", type=at_least(1), default=8, help=f"{data}: training batches")
     for name in ("max_iters", "precision"):
         opt = registry.OPTIONS[name]
-        _add(p, opt, f"weight matching: {opt.help}")
+        add_option(p, opt, f"weight matching: {opt.help}")
     for name in LEARN_OPTIONS:
         opt = registry.OPTIONS[name]
-        _add(p, opt, f"learned/dual: {opt.help}")
+        add_option(p, opt, f"learned/dual: {opt.help}")
     for opt in registry.MANY_OPTIONS.values():
-        _add(p, opt, opt.help)
+        add_option(p, opt, opt.help)
     p.add_argument("--json", default=None, help="write the report (objective per round, rounds, groups found) here")
     p.add_argument("--force", action="store_true", help="replace non-empty output folders")
     out_dtype.add_argument(p)
     p.set_defaults(run=run)
-
-
-def _add(p, opt, text: str) -> None:
-    kw = {"type": opt.type} if opt.type else {}  # the registry's type carries the bounds
-    if opt.choices:
-        kw["choices"] = opt.choices
-    default = None if isinstance(opt.default, dict) else opt.default  # by method: the registry fills it in
-    shown = ", ".join(f"{v:g} for {m}" for m, v in opt.default.items()) if default is None else default
-    p.add_argument(opt.flag, default=default, help=f"{text} (default {shown})", **kw)
 
 
 def load_data(args, matcher, opts):
