@@ -145,7 +145,7 @@ def _readme_block(lang: str, title: str) -> str:
 def test_readme_python_example_runs(planted, tmp_path, monkeypatch, capsys):
     root, paths, batches = planted
     monkeypatch.chdir(tmp_path)
-    code = _readme_block("python", "Merging many models")
+    code = _readme_block("python", "Many models")  # "### Many models" of "Merging many models"
     (tmp_path / "runs").mkdir()
     for i, p in enumerate(paths):  # stand-ins for the README's three trainings (A and two planted copies)
         shutil.copytree(p, tmp_path / "runs" / f"digits-{i}")
