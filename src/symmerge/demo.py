@@ -23,7 +23,7 @@ from . import SymmergeError
 from .apply import apply
 from .barrier import barrier
 from .data import load_batches
-from .devices import DTYPES
+from .devices import DTYPES, dtype_name
 from .evaluate import StockForward
 from .match import registry
 from .model import Model, load_model
@@ -90,7 +90,7 @@ def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: 
         return a.params, b.params, {}
     opts = {"max_iters": args.match_iters, "steps": args.learn_steps, "eval_every": max(1, args.learn_steps // 5),
             "lr": args.learn_lr}
-    place = {"device": args.device, "dtype": str(_working(args, a)).replace("torch.", "")}
+    place = {"device": args.device, "dtype": dtype_name(_working(args, a))}
     res = registry.align(method, a, b, b.spec.default_families(), registry.Data(train_batches, val_batches), opts,
                          progress=args.progress, **(place if registry.get(method).forward else {}))
     pa = apply(a.spec, res.elements["A"], a.params) if "A" in res.elements else a.params

@@ -63,9 +63,13 @@ class Placement:
         check_dtype(self.device, dtype)
         return dtype
 
-    @property
-    def dtype_name(self) -> str | None:
-        return None if self.dtype is None else str(self.dtype).replace("torch.", "")
+    def record(self, dtype: torch.dtype) -> dict:
+        """{"device", "dtype"} as reports record them (and as `LearnConfig` takes them)."""
+        return {"device": str(self.device), "dtype": dtype_name(dtype)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -103,7 +107,7 @@ def check_dtype(device: torch.device, dtype: torch.dtype) -> None:
     try:
         probe(device, dtype)
     except (RuntimeError, NotImplementedError, TypeError) as e:
-        name = str(dtype).replace("torch.", "")
+        name = dtype_name(dtype)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SymmergeError(f"--dtype {name} does not run on {device} ({first}); choose another --dtype or "
                             "--device") from None

@@ -207,7 +207,7 @@ def run_learned(args, matcher, families, opts, place) -> int:
     a, b = _load_pair(args, families)
     ckpt = open_checkpoint(args.out, args.force, args.resume)
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True, checkpoint=ckpt,
-                            resume=args.resume, **learn_placement(place, a.dtype))
+                            resume=args.resume, **place.record(place.working(a.dtype)))
     rep = finish_learned(Result(result.elements, result.figures), a, b, args.out, args.force, data.val[0], ckpt,
                          dtype=out_dtype.resolve(args))
     start = result.start.figures
@@ -218,8 +218,3 @@ def run_learned(args, matcher, families, opts, place) -> int:
     before, after = rep.get("barrier_before"), rep.get("barrier_after")
     print(f"wrote {args.out}: {args.method} matching, validation barrier {before} -> {after}; largest logit change {gaps}")
     return 0
-
-
-def learn_placement(place, storage) -> dict:
-    """The runtime `device` and `dtype` of learned/dual matching (`LearnConfig` fields) from a placement."""
-    return {"device": str(place.device), "dtype": str(place.working(storage)).replace("torch.", "")}

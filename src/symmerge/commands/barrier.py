@@ -64,7 +64,7 @@ def run(args) -> int:
     dtype = place.working(a.dtype)
     result = barrier(a, b, batches, args.points, args.refine, dtype=dtype, device=place.device)
     result.update({"a": str(args.a), "b": str(args.b), "data": str(args.data), "split": args.split,
-                   **placed(place, dtype)})
+                   **place.record(dtype)})
     print(f"{'λ':>6} {'loss':>10} {'accuracy':>9}")
     for lam, loss, acc in zip(result["lambdas"], result["loss"], result["accuracy"]):
         print(f"{lam:6.3f} {loss:10.4f} {acc:9.4f}")
@@ -77,8 +77,3 @@ def run(args) -> int:
     if args.plot:
         plot(result, args.plot, f"{Path(args.a).name} → {Path(args.b).name}")
     return 0
-
-
-def placed(place, dtype) -> dict:
-    """The report's record of where the forward ran."""
-    return {"device": str(place.device), "dtype": str(dtype).replace("torch.", "")}

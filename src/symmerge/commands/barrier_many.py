@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import SymmergeError
-from .barrier import placed
 from .checks import check_report_file
 
 
@@ -40,7 +39,7 @@ def run_many(args, place) -> int:
     dtype = place.working(models[0].dtype)
     result = many_barrier(models, batches, weights, args.points, k, seed, dtype=dtype, device=place.device)
     result.update({"models": [str(p) for p in args.models], "data": str(args.data), "split": args.split,
-                   **placed(place, dtype)})
+                   **place.record(dtype)})
     for i, (p, loss, acc) in enumerate(zip(args.models, result["endpoint_losses"], result["endpoint_accuracies"])):
         print(f"M{i + 1} {p}: loss {loss:.4f}, accuracy {acc:.4f}")
     print(f"weighted average: loss {result['average_loss']:.4f} (excess {result['average_excess']:.4f}), "

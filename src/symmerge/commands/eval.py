@@ -57,7 +57,7 @@ def run(args) -> int:
           f"({res['n_items']} {'images' if unit == 'image' else 'sequences'}, {res['n_scored']} scored, {res['n_batches']} batches)")
     if args.json:
         rec = jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split,
-                              "device": str(place.device), "dtype": str(dtype).replace("torch.", "")})
+                              **place.record(dtype)})
         from ..report import write
 
         write(args.json, "eval", rec)
