@@ -167,7 +167,7 @@ def run(args) -> int:
     place = devices.resolve(args)
     if not matcher.forward and (args.device or args.dtype):
         raise SymmergeError(f"--device and --dtype are for --method {' or '.join(forward_methods())}; "
-                            f"{args.method} matching runs on the CPU in float64")
+                            f"{args.method} matching runs on the CPU, in --precision")
     opts = registry.options_for(matcher.name, vars(args))
     if not args.resume:
         prepare_output(args.out, args.force, [args.a, args.b])  # fail before any work
