@@ -43,3 +43,22 @@ def plain_loss(model, learner, batch, lam, elements: dict | None = None, dtype=t
         params = {k: v.to(dtype) for k, v in learner.frozen[side].params().items()}
         ends[side] = apply(learner.spec, elements[side], params) if side in elements else params
     return StockForward(model, dtype).loss(interpolate(ends["A"], ends["B"], lam), batch)
+
+
+def char_pair(folder, chars: int):
+    """Two tiny character GPT-2s (context 32, seeds 0 and 1) in folder/m0 and folder/m1, and the first
+    `chars` characters of Tiny Shakespeare in folder/text.txt: (the pair's align arguments, tokenizer, text)."""
+    import transformers as T
+
+    from conftest import shared_data
+    from symmerge.tokenizers import char_tokenizer
+
+    text = shared_data("tinyshakespeare.txt").read_text()[:chars]
+    (folder / "text.txt").write_text(text)
+    tok = char_tokenizer(text)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=24, n_layer=2, n_head=3, n_positions=32, vocab_size=len(tok)))
+        model.save_pretrained(folder / f"m{seed}")
+        tok.save_pretrained(folder / f"m{seed}")
+    return [str(folder / "m0"), str(folder / "m1"), "--data", str(folder / "text.txt")], tok, text

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from checks import assert_reported_gap, assert_same_function
-from conftest import shared_data
 from factories import lm_batches
-from learned_common import CONTINUOUS, logits_of, quick
+from learned_common import CONTINUOUS, char_pair, logits_of, quick
 from symmerge.apply import apply
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
@@ -87,30 +86,24 @@ def test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice(pair, para
 def test_cli_dual_align_on_real_text(tmp_path, capsys):
     """`symmerge align --method dual` end to end on Tiny Shakespeare characters: OUT/A and OUT/B load
     with stock `from_pretrained` and compute A's and B's logits (1e-4; negative control: B's logits
-    differ from A's), the report records dual's default learning rate (half of learned's) and the
-    peak lambda sampling asked for, and a validation grid of 2 points is refused with exit code 2 and
-    nothing written."""
+    differ from A's), the report records the quick recipe's learning rate for dual (half of learned's)
+    and the peak lambda sampling asked for, the end-of-run line names the best step and its validation
+    barrier, and a validation grid of 2 points is refused with exit code 2 and nothing written."""
     import transformers as T
 
     from symmerge import cli
-    from symmerge.tokenizers import char_tokenizer
 
-    text = shared_data("tinyshakespeare.txt").read_text()[:20000]
-    (tmp_path / "text.txt").write_text(text)
-    tok = char_tokenizer(text)
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        model = T.GPT2LMHeadModel(T.GPT2Config(n_embd=24, n_layer=2, n_head=3, n_positions=32, vocab_size=len(tok)))
-        model.save_pretrained(tmp_path / f"m{seed}")
-        tok.save_pretrained(tmp_path / f"m{seed}")
-    common = [str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "dual", "--data", str(tmp_path / "text.txt"),
-              "--batch-size", "4", "--max-batches", "2", "--val-batches", "1", "--steps", "4", "--eval-every", "2"]
+    pair, tok, text = char_pair(tmp_path, 20000)
+    common = [*pair, "--method", "dual", "--recipe", "quick", "--batch-size", "4",
+              "--max-batches", "2", "--val-batches", "1", "--steps", "4", "--eval-every", "2"]
     assert cli.main(["align", *common, "-o", str(tmp_path / "bad"), "--val-points", "2"]) == 2
     assert "grid points" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     out = tmp_path / "out"
     assert cli.main(["align", *common, "-o", str(out), "--json", str(tmp_path / "r.json"), "--lam-sampling", "peak"]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["settings"]["lr"] == 5e-3 and report["settings"]["method"] == "dual"
+    assert report["settings"]["lr"] == 5e-3 and report["settings"]["method"] == "dual" and report["recipe"] == "quick"
+    line = f"best at step {report['best_step']} of 4: validation barrier {report['barrier_after']:.4f}"
+    assert line in capsys.readouterr().out and report["end_line"].startswith(line)
     assert report["settings"]["lam_sampling"] == "peak"
     x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
 

@@ -75,7 +75,7 @@ def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
     whole = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "whole")
     with pytest.raises(Interrupted, match="--resume"):
         learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", on_step=lambda step: step == 4)
-    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["state.json", "state.safetensors"]  # no pickles
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["plan.json", "state.json", "state.safetensors"]  # no pickles
     resumed = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", resume=True)
     for n, t in whole.elements["B"].items():
         assert torch.equal(t, resumed.elements["B"][n]), n

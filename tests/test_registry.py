@@ -12,30 +12,50 @@ from symmerge import SymmergeError, __version__
 from symmerge.adapters import adapter_for
 from symmerge.cli import build_parser
 from symmerge.match import registry
-from symmerge.match.learn_config import DEFAULT_LR, LearnConfig
+from symmerge.match.learn_config import DEFAULT_LR, RECIPES, LearnConfig
 from symmerge.report import SCHEMA_VERSION, dumps, stamped
 from symmerge.spec import build_spec
 
 
 def test_align_parser_defaults_are_the_registry_defaults():
-    """Every option's argparse default is the registry's (None where it differs by method, filled in by
-    `options_for`), and `options_for` gives each method its own learning rate."""
+    """Every option's argparse default is the registry's (None where it differs by method or recipe,
+    filled in by `options_for`); `options_for` gives learned/dual the full recipe (the `LearnConfig`
+    defaults), or the quick one, and activation matching its own data defaults."""
     args = build_parser().parse_args(["align", "a", "b", "-o", "out"])
     for name, opt in registry.OPTIONS.items():
-        expected = None if isinstance(opt.default, dict) else opt.default
+        expected = None if isinstance(opt.default, (dict, registry.FromRecipe)) else opt.default
         assert getattr(args, name) == expected, name
+    fields = {"steps": "steps", "epochs": "epochs", "lr": "lr", "lam_range": "lam_range",
+              "val_points": "grid_points", "eval_every": "eval_every", "val_batches": "val_batches"}
     for method in ("learned", "dual"):
         opts = registry.options_for(method, vars(args))
-        assert opts["lr"] == DEFAULT_LR[method] and opts["steps"] == LearnConfig().steps
+        assert opts["recipe"] == "full" and opts["lr"] == "auto" and opts["max_batches"] is None
+        for opt, field in fields.items():
+            assert opts[opt] == getattr(LearnConfig(method=method), field), opt
         assert opts["max_iters"] == registry.OPTIONS["max_iters"].default  # the weight matching it starts from
+        quick = registry.options_for(method, {"recipe": "quick"})
+        assert quick["lr"] == DEFAULT_LR[method] and quick["steps"] == RECIPES["quick"]["steps"] == 200
+        assert (quick["batch_size"], quick["max_batches"], quick["epochs"]) == (8, 8, None)
+    assert registry.options_for("activation", vars(args)) == {"batch_size": 8, "max_batches": 8}
     given = build_parser().parse_args(["align", "a", "b", "-o", "out", "--lr", "0.3", "--lam-range", "0.2,0.7"])
     opts = registry.options_for("dual", vars(given))
     assert opts["lr"] == 0.3 and opts["lam_range"] == (0.2, 0.7)
 
 
+def test_an_explicit_length_drops_the_recipes_other():
+    """--steps replaces the full recipe's epochs, --epochs the quick recipe's steps; both at once is refused."""
+    assert registry.options_for("dual", {"steps": 50})["epochs"] is None
+    opts = registry.options_for("dual", {"recipe": "quick", "epochs": 2.0})
+    assert (opts["steps"], opts["epochs"]) == (None, 2.0)
+    registry.check("dual", None, opts)
+    with pytest.raises(SymmergeError, match="give one of them"):
+        registry.check("dual", None, registry.options_for("dual", {"steps": 5, "epochs": 2.0}))
+
+
 def test_learn_config_takes_the_method_learning_rate():
-    assert LearnConfig(method="learned").lr == DEFAULT_LR["learned"]
-    assert LearnConfig(method="dual").lr == DEFAULT_LR["dual"] != DEFAULT_LR["learned"]
+    assert LearnConfig(method="learned").lr == "auto"  # the full recipe
+    assert LearnConfig(method="learned", lr=None).lr == DEFAULT_LR["learned"]
+    assert LearnConfig(method="dual", lr=None).lr == DEFAULT_LR["dual"] != DEFAULT_LR["learned"]
     assert LearnConfig(method="dual", lr=0.1).lr == 0.1
 
 

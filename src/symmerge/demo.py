@@ -89,7 +89,7 @@ def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: 
     if method == registry.PLAIN:
         return a.params, b.params, {}
     opts = {"max_iters": args.match_iters, "steps": args.learn_steps, "eval_every": max(1, args.learn_steps // 5),
-            "lr": args.learn_lr}
+            "lr": args.learn_lr, "recipe": "quick"}  # the demo's own short run (its figures in the README)
     place = {"device": args.device, "dtype": dtype_name(_working(args, a))}
     res = registry.align(method, a, b, b.spec.default_families(), registry.Data(train_batches, val_batches), opts,
                          progress=args.progress, **(place if registry.get(method).forward else {}))

@@ -6,12 +6,15 @@ dual: OUT/A and OUT/B, each its input re-parameterised, so that the straight lin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .. import SymmergeError, devices
 from ..match import registry
+from ..match.learn_config import BATCH_TOKENS, RECIPES
 from ..report import write as write_report
 from ..spec import FAMILIES
 from . import out_dtype
-from .checks import at_least, check_report_file
+from .checks import check_report_file
 from .transform import parse_groups
 
 
@@ -28,10 +31,7 @@ def register(sub) -> None:
     p.add_argument("--data", default=None, help=f"{data}: data set (see symmerge.data)")
     p.add_argument("--split", default="train",
                    help="activation matching: data split (learned/dual learn on train, validate on validation)")
-    p.add_argument("--batch-size", type=at_least(1), default=8, help=f"{data}: sequences (images) per batch")
     p.add_argument("--seq-len", type=int, default=None, help=f"{data}: tokens per sequence (default: the model's context)")
-    p.add_argument("--max-batches", type=at_least(1), default=8,
-                   help=f"{data}: batches of data used (learned/dual: training batches)")
     for opt in registry.OPTIONS.values():
         add_option(p, opt)
     p.add_argument("--resume", action="store_true", help="learned/dual: continue the interrupted run of OUT")
@@ -48,12 +48,16 @@ def forward_methods() -> list[str]:
 
 def add_option(p, opt, text: str | None = None) -> None:
     """One matcher option, with the registry's default: shown by the help formatter, or, where it differs
-    by method (None here: the registry fills it in), named per method in the help. `text`: the help
-    (default: the methods that use it, then the registry's help)."""
-    text = f"{'/'.join(registry.users(opt.name))}: {opt.help}" if text is None else text
+    by method or recipe (None here: the registry fills it in, `options_for`), named per method in the help.
+    `text`: the help (default: the methods that use it, then the registry's help)."""
+    users = registry.users(opt.name)
+    text = f"{'/'.join(users)}: {opt.help}" if text is None else text
     default, shown = opt.default, ""
-    if isinstance(default, dict):
-        default, shown = None, " (default: " + ", ".join(f"{v:g} for {m}" for m, v in opt.default.items()) + ")"
+    if isinstance(default, (dict, registry.FromRecipe)):
+        texts = {m: _shown(opt, m) for m in users}
+        one = len({t.split(": ", 1)[1] for t in texts.values()}) == 1
+        default = None
+        shown = " (default: " + (texts[users[0]].split(": ", 1)[1] if one else "; ".join(texts.values())) + ")"
     elif isinstance(default, tuple):  # as typed on the command line; argparse parses it with opt.type
         default = ",".join(f"{x:g}" for x in default)
     kw = {"type": opt.type} if opt.type else {}
@@ -62,23 +66,63 @@ def add_option(p, opt, text: str | None = None) -> None:
     p.add_argument(opt.flag, default=default, help=f"{text}{shown}", **kw)
 
 
-def load_data(args, model_dir, split: str | None = None, max_batches: int | None = None) -> list[dict]:
+def _shown(opt, method: str) -> str:
+    """`method: value`, or for a recipe's value `method: full recipe X, quick Y`."""
+    per = {r: opt.default_for(method, r) for r in RECIPES}
+    if len(set(map(_text, per.values()))) == 1:
+        return f"{method}: {_text(per['full'])}"
+    return f"{method}: " + ", ".join(f"{_text(v)} ({r})" for r, v in per.items())
+
+
+def _text(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(f"{x:g}" for x in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def load_data(args, model_dir, split: str, batch_size: int, max_batches: int | None) -> list[dict]:
     """Batches for the data-driven methods, through the project's data API."""
     from ..data import load_batches
 
     if not args.data:
         raise SymmergeError(f"--method {args.method} needs --data PATH (a data set to run both models on)")
-    return load_batches(model_dir, args.data, split or args.split, args.batch_size, args.seq_len,
-                        max_batches or args.max_batches)
+    return load_batches(model_dir, args.data, split, batch_size, args.seq_len, max_batches)
+
+
+def tokens_per_item(model_dir, seq_len: int | None) -> int:
+    """Tokens one sequence (--seq-len, or the context) or one image (its patches and CLS token) holds."""
+    from ..data import context_length, is_vision
+    from ..io import load_config
+
+    config = load_config(Path(model_dir))
+    if is_vision(config):
+        return (int(config.image_size) // int(config.patch_size)) ** 2 + 1
+    return seq_len or context_length(config)
+
+
+def batch_size(args, opts) -> int:
+    """--batch-size, or for the full recipe as many items as make BATCH_TOKENS tokens."""
+    if opts["batch_size"] is not None:
+        return opts["batch_size"]
+    return max(1, round(BATCH_TOKENS / tokens_per_item(args.a, args.seq_len)))
 
 
 def _data(args, matcher, opts) -> registry.Data | None:
     """learned/dual: training batches and validation batches; activation: batches of --split."""
     if not matcher.needs_data:
         return None
+    if opts["batch_size"] is not None and opts["batch_size"] < 1:
+        raise SymmergeError(f"--batch-size must be at least 1, got {opts['batch_size']}")
+    if opts["max_batches"] is not None and opts["max_batches"] < 1:
+        raise SymmergeError(f"--max-batches must be at least 1, got {opts['max_batches']}")
+    size = batch_size(args, opts)
     if matcher.validates:
-        return registry.Data(load_data(args, args.a, "train"), load_data(args, args.a, "validation", opts["val_batches"]))
-    return registry.Data(load_data(args, args.a))
+        val = opts["val_batches"] if isinstance(opts["val_batches"], int) else None  # auto: sized from all
+        return registry.Data(load_data(args, args.a, "train", size, opts["max_batches"]),
+                             load_data(args, args.a, "validation", size, val))
+    return registry.Data(load_data(args, args.a, args.split, size, opts["max_batches"]))
 
 
 def _load_pair(args, families, lazy_dtype=None):
@@ -197,6 +241,24 @@ def default_families(args) -> list[str] | None:
     return LazyModel(args.b).spec.default_families()
 
 
+def _affordable_rate(args, matcher, families, opts, data) -> str | None:
+    """Before any work: `--lr auto` asked for on a run too short for its search is refused; the
+    recipe's `auto` on such a run (a tiny data set) becomes the method's fixed rate, and the note
+    returned says so (it goes into the report and the end-of-run line)."""
+    from ..match.learn_config import DEFAULT_LR
+    from ..match.lr_search import check_budget
+
+    try:
+        check_budget(registry.learn_config(matcher.name, families, opts, progress=False), len(data.train),
+                     len(data.val))
+    except SymmergeError:
+        if args.lr is not None:
+            raise
+        opts["lr"] = DEFAULT_LR[matcher.name]
+        return f"lr {opts['lr']:g}, the method's fixed rate: this run is too short for --lr auto's search"
+    return None
+
+
 def run_learned(args, matcher, families, opts, place) -> int:
     """Learn against the loss on the path, from the solution of the matcher it starts from (weight
     matching, absorbed into B); OUT = g·B, or OUT/A and OUT/B for dual."""
@@ -204,6 +266,7 @@ def run_learned(args, matcher, families, opts, place) -> int:
     from ..match.outputs import finish_learned, open_checkpoint
 
     data = _data(args, matcher, opts)
+    note = _affordable_rate(args, matcher, families, opts, data)
     a, b = _load_pair(args, families)
     ckpt = open_checkpoint(args.out, args.force, args.resume)
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True, checkpoint=ckpt,
@@ -212,9 +275,12 @@ def run_learned(args, matcher, families, opts, place) -> int:
                          dtype=out_dtype.resolve(args))
     start = result.start.figures
     rep["weight_matching"] = {"objective": start["objective"], "seconds": start["seconds"]}
+    rep["recipe"] = opts["recipe"]
+    if note:
+        rep["lr_note"] = note
     if args.json:
         write_report(args.json, "align", rep)
     gaps = ", ".join(f"{o['output']}: {o['max_logit_diff']:.2e}" for o in rep["outputs"])
-    before, after = rep.get("barrier_before"), rep.get("barrier_after")
-    print(f"wrote {args.out}: {args.method} matching, validation barrier {before} -> {after}; largest logit change {gaps}")
+    print(f"wrote {args.out}: {args.method} matching, {rep['end_line']}{f' ({note})' if note else ''}; "
+          f"largest logit change {gaps}")
     return 0

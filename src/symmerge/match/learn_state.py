@@ -75,3 +75,23 @@ def restore_adam(opt: torch.optim.Optimizer, names: list[str], tensors: dict[str
                  and k.count(".") == name.count(".") + 2}
         if state:
             opt.state[p] = state
+
+
+PLAN = "plan.json"
+
+
+def save_plan(folder, plan: dict) -> None:
+    """The run's plan (`learn_plan.make_plan`: steps, validation size, the learning rate and its search),
+    written before the first step so that a resumed run reuses it instead of searching again."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        json.dump(plan, f, indent=1)
+    os.replace(tmp, folder / PLAN)
+
+
+def load_plan(folder) -> dict | None:
+    """The plan saved in `folder`, or None (a checkpoint from before plans were saved)."""
+    p = Path(folder) / PLAN
+    return json.loads(p.read_text()) if p.is_file() else None

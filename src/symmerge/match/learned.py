@@ -41,6 +41,9 @@ from .. import SymmergeError
 from ..model import Model
 from .learn_config import LearnConfig
 from .learn_loop import Result, Run
+from .learn_plan import make_plan, resolved
+from .learn_report import after_best, best_se, end_line
+from .learn_state import load_plan, save_plan
 from .learner import Learner
 
 
@@ -48,10 +51,26 @@ def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConf
           checkpoint=None, resume: bool = False, on_step=None) -> Result:
     """Run learned or dual matching; returns the elements for the inputs and a JSON-able report.
 
+    The run's length, evaluations, validation size and rate are first made concrete (`learn_plan`:
+    epochs over `train`, the validation batches sized from the barrier's standard error, `lr="auto"`
+    searched on the validation split); the report holds that plan, the best state's standard error
+    and how the validation curve moved after it (`learn_report`), and its one-line summary.
     checkpoint: folder for the run's state (written every `checkpoint_every` steps, on stop and at the
     end); resume: continue from it. on_step(step) -> True stops the run like Ctrl-C (for tests).
     """
     if not train or not val:
         raise SymmergeError("learned matching needs training and validation batches (--data)")
     learner = Learner(a, b, cfg, init)
-    return Run(learner, train, val, checkpoint, on_step).go(resume)
+    saved = load_plan(checkpoint) if resume and checkpoint is not None else None
+    plan = make_plan(learner, train, val, cfg, saved)
+    learner.cfg = resolved(cfg, plan)
+    if checkpoint is not None and not resume:
+        save_plan(checkpoint, plan)
+    val = val[:plan["val_batches"]]
+    result = Run(learner, train, val, checkpoint, on_step).go(resume)
+    rep = result.report
+    rep["plan"] = plan
+    rep["barrier_after_se"] = best_se(learner, val, rep["lambdas"], rep["losses_after"])
+    rep["after_best"] = after_best(rep["history"], rep["best_step"], rep["barrier_after_se"])
+    rep["end_line"] = end_line(rep)
+    return result

@@ -30,9 +30,22 @@ from typing import Callable
 import torch
 
 from .. import SymmergeError
-from ..commands.checks import argument_type, at_least, positive_float
+from ..commands.checks import argument_type, at_least
 from ..model import Model
-from .learn_config import DEFAULT_LR, LAM_SAMPLING, LearnConfig, parse_lam_range
+from .learn_config import (
+    BATCH_TOKENS,
+    EVALUATIONS,
+    LAM_SAMPLING,
+    LENGTH,
+    RECIPES,
+    VAL_SE,
+    LearnConfig,
+    parse_epochs,
+    parse_lam_range,
+    parse_lr,
+    parse_val_batches,
+    recipe_value,
+)
 from .weight import weight_match
 from .weight_products import CHOICES
 
@@ -61,9 +74,17 @@ class Data:
 
 
 @dataclass(frozen=True)
+class FromRecipe:
+    """An option's default that the recipe (`--recipe`, `learn_config.RECIPES`) gives, under `key`."""
+
+    key: str
+
+
+@dataclass(frozen=True)
 class Option:
-    """One option: `default` is the value, or {method: value} where it differs by method; `type` parses
-    the command line's text (the default is given already parsed)."""
+    """One option: `default` is the value, or {method: value} where it differs by method, a value
+    being `FromRecipe` where the recipe gives it; `type` parses the command line's text (the default
+    is given already parsed)."""
 
     name: str
     default: object
@@ -71,8 +92,9 @@ class Option:
     type: Callable | None = None
     choices: tuple | None = None
 
-    def default_for(self, method: str):
-        return self.default[method] if isinstance(self.default, dict) else self.default
+    def default_for(self, method: str, recipe: str = "full"):
+        value = self.default.get(method) if isinstance(self.default, dict) else self.default
+        return recipe_value(recipe, value.key, method) if isinstance(value, FromRecipe) else value
 
     @property
     def flag(self) -> str:
@@ -87,6 +109,12 @@ def _learn_default(name: str):
     return LearnConfig.__dataclass_fields__[name].default
 
 
+def _recipe(key: str, activation=None) -> FromRecipe | dict:
+    """learned and dual take the recipe's value; activation matching, where given, its own."""
+    return FromRecipe(key) if activation is None else {"activation": activation, "learned": FromRecipe(key),
+                                                       "dual": FromRecipe(key)}
+
+
 OPTIONS = {o.name: o for o in (
     Option("max_iters", _signature_default(weight_match, "max_iters"), "most sweeps over the groups", at_least(1)),
     Option("precision", str(_signature_default(weight_match, "dtype")).replace("torch.", ""),
@@ -96,23 +124,37 @@ OPTIONS = {o.name: o for o in (
     Option("cost_products", CHOICES[0], "products behind weight matching's assignment costs: exact (in the algebra's "
            "precision) or bfloat16 (bf16 operands, float32 accumulation: several times faster on CPUs with AMX; "
            "every candidate still judged exactly)", choices=CHOICES),
+    Option("batch_size", _recipe("batch_size", 8), "sequences (images) per batch (full recipe: as many as make "
+           f"{BATCH_TOKENS} tokens, an image counting its patches and CLS token)", at_least(1)),
+    Option("max_batches", _recipe("max_batches", 8), "batches of data used (learned/dual: training batches; "
+           "none: all of the training split)", at_least(1)),
+    Option("recipe", "full", "the defaults of every learned/dual option below: full (every training batch for "
+           "a set number of epochs, λ over 0.2-0.8, 11 grid points, validation sized from its standard error, "
+           "--lr auto) or quick (a smoke test: 200 steps on 8 batches of 8)", choices=tuple(RECIPES)),
     Option("param", _learn_default("param"), "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: "
            "cayley for orthogonal, polar for invertible groups)"),
-    Option("steps", _learn_default("steps"), "optimiser steps", at_least(0)),
-    Option("lr", DEFAULT_LR, "Adam learning rate, cosine decay (dual's two sides move the relative element twice "
-           "as fast)", positive_float),
-    Option("lam_range", _learn_default("lam_range"), "λ drawn uniformly from LOW,HIGH per batch", argument_type(parse_lam_range)),
+    Option("steps", FromRecipe("steps"), "optimiser steps (instead of --epochs)", at_least(0)),
+    Option("epochs", FromRecipe("epochs"), "passes over the training batches (instead of --steps)",
+           argument_type(parse_epochs)),
+    Option("lr", FromRecipe("lr"), "Adam learning rate, cosine decay; auto: the best of a few rates, each a short "
+           "run scored by its validation barrier, at most a tenth of the run's cost (dual's two sides move the "
+           "relative element twice as fast)", argument_type(parse_lr)),
+    Option("lam_range", FromRecipe("lam_range"), "λ drawn uniformly from LOW,HIGH per batch",
+           argument_type(parse_lam_range)),
     Option("lam_sampling", _learn_default("lam_sampling"), "uniform λ draws, or peak: half the draws near the "
            "validation grid points where the path stands highest above the straight line (for the bump uniform "
            "draws leave)", choices=LAM_SAMPLING),
     Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", int),
-    Option("eval_every", _learn_default("eval_every"), "steps between validation barriers", at_least(1)),
+    Option("eval_every", FromRecipe("eval_every"), f"steps between validation barriers (none: {EVALUATIONS} in the run)",
+           at_least(1)),
     Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
            "(0: never)", at_least(0)),
-    Option("val_batches", 16, "validation batches (validation split) for choosing the best state; with 4 batches "
-           "of 64 MNIST images the choice followed noise (benchmarks/README.md)", at_least(1)),
-    Option("val_points", _learn_default("grid_points"), "λ grid of the validation barrier, endpoints included (11 "
-           "sees the whole path as the reported barrier does, at 2.2x the validation cost)", at_least(3)),
+    Option("val_batches", FromRecipe("val_batches"), "validation batches (validation split) for choosing the best "
+           f"state; auto: as many as make the validation barrier's standard error at most {VAL_SE:g} nats, all "
+           "of the split at most (with 4 batches of 64 MNIST images the choice followed noise, benchmarks/README.md)",
+           argument_type(parse_val_batches)),
+    Option("val_points", FromRecipe("grid_points"), "λ grid of the validation barrier, endpoints included (11 "
+           "sees the whole path as the reported barrier does)", at_least(3)),
 )}
 
 
@@ -157,31 +199,36 @@ def _run_activation(a, b, families, data, opts, start, progress: bool = False) -
     return _from_match("activation", res)
 
 
-def _learn_config(method: str, families, opts, progress: bool = True, device: str = "cpu",
-                  dtype: str = "float32") -> LearnConfig:
-    cfg = LearnConfig(method=method, groups=families, param=opts["param"], steps=opts["steps"], lr=opts["lr"],
-                      lam_range=opts["lam_range"], lam_sampling=opts["lam_sampling"], seed=opts["seed"],
-                      eval_every=opts["eval_every"], patience=opts["patience"], grid_points=opts["val_points"],
+def learn_config(method: str, families, opts, progress: bool = True, device: str = "cpu",
+                 dtype: str = "float32") -> LearnConfig:
+    """The `LearnConfig` of learned / dual matching for `opts` (`options_for`), checked."""
+    cfg = LearnConfig(method=method, groups=families, param=opts["param"], steps=opts["steps"],
+                      epochs=opts["epochs"], lr=opts["lr"], lam_range=opts["lam_range"],
+                      lam_sampling=opts["lam_sampling"], seed=opts["seed"], eval_every=opts["eval_every"],
+                      patience=opts["patience"], grid_points=opts["val_points"], val_batches=opts["val_batches"],
                       progress=progress, device=device, dtype=dtype)
     cfg.validate()
     return cfg
 
 
 def _check_learned(method: str, families, opts) -> None:
-    _learn_config(method, families, opts)
+    if opts.get("steps") is not None and opts.get("epochs") is not None:
+        raise SymmergeError("--steps and --epochs both set the run's length; give one of them")
+    learn_config(method, families, opts)
 
 
 def _run_learned(method: str, a, b, families, data, opts, start, progress: bool = True, checkpoint=None,
                  resume: bool = False, device: str = "cpu", dtype: str = "float32") -> Alignment:
     from .learned import learn
 
-    cfg = _learn_config(method, families, opts, progress, device, dtype)
+    cfg = learn_config(method, families, opts, progress, device, dtype)
     res = learn(a, b, data.train, data.val, cfg, init=start.elements["B"], checkpoint=checkpoint, resume=resume)
     return Alignment(method, res.elements, res.report, start)
 
 
-_LEARN_OPTIONS = ("param", "steps", "lr", "lam_range", "lam_sampling", "seed", "eval_every", "patience",
-                  "val_batches", "val_points")
+_DATA_OPTIONS = ("batch_size", "max_batches")
+_LEARN_OPTIONS = (*_DATA_OPTIONS, "recipe", "param", "steps", "epochs", "lr", "lam_range", "lam_sampling", "seed",
+                  "eval_every", "patience", "val_batches", "val_points")
 
 
 @dataclass
@@ -240,7 +287,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
                       progress: bool = False) -> ManyAlignment:
     from .learn_many import learn_many
 
-    cfg = _learn_config(method, families, opts, progress)
+    cfg = learn_config(method, families, opts, progress)
     res = learn_many([_in_memory(s) for s in sources], weights, data.train, data.val, cfg, init=start.elements,
                      val_points=opts["val_simplex_points"])
     figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
@@ -252,7 +299,7 @@ MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
             ("max_iters", "precision", "cost_products"), streams=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "match activations on --data", True, _run_activation,
-            ("precision",), streams=True, many=_run_activation_many),
+            ("precision", *_DATA_OPTIONS), streams=True, many=_run_activation_many),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
             "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
             validates=True, starts_from="weight", check=partial(_check_learned, "learned"), forward=True,
@@ -283,11 +330,19 @@ def option_names(name: str) -> list[str]:
 
 
 def options_for(name: str, given: dict | None = None) -> dict:
-    """Every option of the matcher (and of its start), from `given` where it is not None, else the default."""
+    """Every option of the matcher (and of its start), from `given` where it is not None, else the
+    default (the recipe's, for `FromRecipe` defaults). A run's length is one of `LENGTH`: the one given
+    explicitly drops the recipe's other."""
     given = given or {}
+    names = option_names(name)
+    recipe = given.get("recipe") or OPTIONS["recipe"].default
     out = {}
-    for o in option_names(name):
-        out[o] = given[o] if given.get(o) is not None else OPTIONS[o].default_for(name)
+    for o in names:
+        out[o] = given[o] if given.get(o) is not None else OPTIONS[o].default_for(name, recipe)
+    explicit = [k for k in LENGTH if k in names and given.get(k) is not None]
+    for k in LENGTH:
+        if explicit and k in names and k not in explicit:
+            out[k] = None
     return out
 
 

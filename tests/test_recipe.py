@@ -1,0 +1,163 @@
+"""The defaults of learned / dual matching (issue 17): the full recipe takes every training batch for its
+epochs and sizes the validation data, `--lr auto` is deterministic for a seed, within its budget and
+recorded in the report, `--recipe quick` keeps the old smoke test, and the end of a run names its best
+step and how the curve moved after it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from factories import lm_batches
+from learned_common import CONTINUOUS, char_pair
+from symmerge import SymmergeError
+from symmerge.apply import apply
+from symmerge.data import load_batches
+from symmerge.evaluate import grid
+from symmerge.match import learner as learner_module
+from symmerge.match import lr_search
+from symmerge.match.learn_config import DEFAULT_LR, LearnConfig
+from symmerge.match.learn_report import after_best, end_line
+from symmerge.match.learned import learn
+from symmerge.match.learner import Learner
+from symmerge.match.lr_search import BUDGET, MIN_STEPS, candidates, choose_lr, plan, search_units
+from symmerge.spec import random_element
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
+
+
+def _planted(pair):
+    """B = g*·A for a random continuous g*: a pair whose barrier learning can remove, so rates differ."""
+    a, _ = pair
+    gstar = random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5)
+    return a, dataclasses.replace(a, params=apply(a.spec, gstar, a.params))
+
+
+def _auto(**kw) -> LearnConfig:
+    base = dict(groups=CONTINUOUS, steps=40, eval_every=20, grid_points=5, lam_range=(0.4, 0.6), lr="auto",
+                val_batches=None, progress=False)
+    return LearnConfig(**{**base, **kw})
+
+
+def _without_time(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "seconds"}
+
+
+@pytest.mark.parametrize("units", [1000, 1310, 5000, 10**5, 10**7])
+@pytest.mark.parametrize("points", [3, 5, 11])
+def test_lr_search_plan_costs_at_most_a_tenth(units, points):
+    """The planned search costs at most BUDGET of the run, in batch forwards, or is refused when
+    it cannot afford MIN_STEPS steps per rate; more run, more search."""
+    n_val = 50
+    try:
+        k, n = plan(units, n_val, points, 5)
+    except SymmergeError as e:
+        assert "needs a longer run" in str(e) and units < 1310 + 1
+        return
+    assert search_units(k, n, points, 5) <= BUDGET * units and k >= MIN_STEPS and 1 <= n <= n_val
+    k2, n2 = plan(units * 10, n_val, points, 5)
+    assert k2 > k and n2 >= n
+    with pytest.raises(SymmergeError, match="needs a longer run"):
+        plan(100, n_val, points, 5)
+
+
+def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
+    """The search's record is in the report (rates tried, their barriers, the choice, which the run
+    then uses), it is the lowest-barrier rate, and the same seed gives the same search to the bit;
+    another seed (other batches and λ) gives other barriers (negative control). The budget is a tenth
+    of the run (the test above); here it is the whole run, so that the run can be short."""
+    monkeypatch.setattr(lr_search, "BUDGET", 1.0)
+    a, b = _planted(pair)
+    train, val = lm_batches(4, 0), lm_batches(2, 1)
+    rep = learn(a, b, train, val, _auto()).report
+    search = rep["plan"]["lr_search"]
+    assert search["rates"] == candidates("learned") and len(search["barriers"]) == len(search["rates"])
+    assert rep["settings"]["lr"] == rep["plan"]["lr"] == search["chosen"]
+    scores = [x if x is not None else float("inf") for x in search["excess"]]
+    assert search["chosen"] == search["rates"][scores.index(min(scores))]
+    assert min(scores) < search["start_excess"], "no rate improved on the start: the search shows nothing"
+    assert len(set(scores)) == len(scores), "rates scored alike: the search does not tell them apart"
+    assert search["units"] <= search["run_units"] and search["steps_each"] >= MIN_STEPS
+    assert f"lr {search['chosen']:.3g} (--lr auto" in rep["end_line"]
+    # the same seed again, the search alone: the same record
+    resolved = dataclasses.replace(_auto(), eval_every=20)
+    _, again = choose_lr(Learner(a, b, _auto(), None), train, val, resolved)
+    assert _without_time(again) == _without_time(search)
+    _, other = choose_lr(Learner(a, b, _auto(seed=3), None), train, val, dataclasses.replace(resolved, seed=3))
+    assert other["excess"] != search["excess"]
+
+
+def test_epochs_and_validation_defaults_take_all_the_data(pair, monkeypatch):
+    """With epochs (and no steps) every training batch is used, each once per epoch; the validation
+    barrier of the default ("auto") is measured on every validation batch when few are given (a
+    tiny dataset): the start's curve equals the one on all of them, not on the first two."""
+    a, b = pair
+    train, val = lm_batches(3, 0), lm_batches(3, 1)
+    seen = []
+    real = learner_module.Learner.loss
+    monkeypatch.setattr(learner_module.Learner, "loss", lambda self, batch, lam: seen.append(id(batch)) or real(self, batch, lam))
+    cfg = LearnConfig(groups=CONTINUOUS, epochs=2, lr=0.01, grid_points=3, progress=False)
+    assert cfg.steps is None and cfg.val_batches == "auto"
+    rep = learn(a, b, train, val, cfg).report
+    assert rep["steps"] == rep["plan"]["steps"] == 6 and rep["plan"]["train_batches"] == 3
+    assert sorted(seen) == sorted([id(t) for t in train] * 2)
+    assert rep["plan"]["val_batches"] == 3 == rep["plan"]["val_batches_given"]
+    fresh = Learner(a, b, cfg, None)
+    assert rep["losses_before"] == pytest.approx(fresh.curve(val, grid(3)), abs=1e-6)
+    assert rep["losses_before"] != pytest.approx(fresh.curve(val[:2], grid(3)), abs=1e-6)
+
+
+def test_cli_defaults_and_the_quick_recipe(tmp_path, capsys):
+    """`align --method dual` with no tuning flags: batches of 1024 tokens (32 windows of 32), every
+    training batch of the split for 4 epochs, every validation batch, λ over 0.2-0.8 on an 11-point
+    grid; this tiny run is too short for --lr auto's search, so the default rate is used and said so
+    (asked for explicitly, --lr auto is refused, nothing written). `--recipe quick`: 8 batches of 8,
+    λ over 0.4-0.6, 5 points, evaluations every 25 steps, dual's fixed rate."""
+    from symmerge import cli
+
+    common, _, _ = char_pair(tmp_path, 8000)
+    train = load_batches(common[0], common[-1], "train", 32)
+    val = load_batches(common[0], common[-1], "validation", 32)
+    out, js = tmp_path / "out", tmp_path / "r.json"
+    assert cli.main(["align", *common, "--method", "dual", "-o", str(out), "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    plan, settings = rep["plan"], rep["settings"]
+    assert plan["train_batches"] == len(train) and plan["steps"] == rep["steps"] == 4 * len(train)
+    assert plan["val_batches"] == len(val) and settings["grid_points"] == 11 and settings["lam_range"] == [0.2, 0.8]
+    assert plan["eval_every"] == -(-plan["steps"] // 10) and rep["recipe"] == "full"
+    assert settings["lr"] == DEFAULT_LR["dual"] and "too short for --lr auto" in rep["lr_note"]
+    printed = capsys.readouterr().out
+    assert f"best at step {rep['best_step']} of {rep['steps']}" in printed and "too short for --lr auto" in printed
+    assert cli.main(["align", *common, "--method", "dual", "-o", str(tmp_path / "no"), "--lr", "auto"]) == 2
+    assert "needs a longer run" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert cli.main(["align", *common, "--method", "dual", "-o", str(tmp_path / "q"), "--recipe", "quick",
+                     "--steps", "30", "--json", str(js)]) == 0  # its 200 steps: test_registry
+    rep = json.loads(js.read_text())
+    assert rep["plan"]["train_batches"] == 8 and rep["steps"] == 30 and rep["settings"]["lr"] == DEFAULT_LR["dual"]
+    assert rep["settings"]["lam_range"] == [0.4, 0.6] and rep["settings"]["grid_points"] == 5
+    assert rep["settings"]["eval_every"] == 25 and rep["recipe"] == "quick"
+    assert len(rep["history"][0]["losses"]) == 5
+
+
+def _history(barriers):
+    return [{"step": 10 * i, "barrier": b, "losses": []} for i, b in enumerate(barriers)]
+
+
+def test_after_best_says_how_the_curve_moved():
+    rose = after_best(_history([0.3, 0.1, 0.02, 0.05, 0.04]), 20, se=0.003)
+    assert rose["trend"] == "rose" and rose["highest_after"] == 0.05 and rose["last"] == 0.04
+    flat = after_best(_history([0.3, 0.1, 0.02, 0.0215, 0.021]), 20, se=0.003)
+    assert flat["trend"] == "stayed" and flat["rise"] == pytest.approx(0.0015)
+    last = after_best(_history([0.3, 0.1, 0.02]), 20, se=None)
+    assert last["trend"] == "last" and last["fell_by"] == pytest.approx(0.08)
+    assert after_best(_history([0.3, 0.1, None]), 10, se=None)["trend"] == "diverged"
+    rep = {"best_step": 20, "steps": 40, "barrier_after": 0.02, "barrier_after_se": 0.003, "barrier_before": 0.3,
+           "after_best": rose, "plan": {"lr": 1e-3}}
+    line = end_line(rep)
+    assert line.startswith("best at step 20 of 40: validation barrier 0.0200 ± 0.0030 (start 0.3000)")
+    assert "rose to 0.0500 (last 0.0400)" in line and line.endswith("lr 0.001")
+    assert "stayed within +0.0015 over 2 evaluations" in end_line(dict(rep, after_best=flat))
+    assert "a longer run may go lower" in end_line(dict(rep, after_best=last))
