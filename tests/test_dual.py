@@ -96,8 +96,10 @@ def test_cli_dual_align_on_real_text(tmp_path, capsys):
     pair, tok, text = char_pair(tmp_path, 20000)
     common = [*pair, "--method", "dual", "--recipe", "quick", "--batch-size", "4",
               "--max-batches", "2", "--val-batches", "1", "--steps", "4", "--eval-every", "2"]
-    assert cli.main(["align", *common, "-o", str(tmp_path / "bad"), "--val-points", "2"]) == 2
-    assert "grid points" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit) as refused:  # argparse refuses while parsing
+        cli.main(["align", *common, "-o", str(tmp_path / "bad"), "--val-points", "2"])
+    assert refused.value.code == 2
+    assert "at least 3" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     out = tmp_path / "out"
     assert cli.main(["align", *common, "-o", str(out), "--json", str(tmp_path / "r.json"), "--lam-sampling", "peak"]) == 0
     report = json.loads((tmp_path / "r.json").read_text())

@@ -128,7 +128,7 @@ OPTIONS = {o.name: o for o in (
            f"{BATCH_TOKENS} tokens, an image counting its patches and CLS token)", at_least(1)),
     Option("max_batches", _recipe("max_batches", 8), "batches of data used (learned/dual: training batches; "
            "none: all of the training split)", at_least(1)),
-    Option("recipe", "full", "the defaults of every learned/dual option below: full (every training batch for "
+    Option("recipe", "full", "the settings every learned/dual option below starts from: full (every training batch for "
            "a set number of epochs, λ over 0.2-0.8, 11 grid points, validation sized from its standard error, "
            "--lr auto) or quick (a smoke test: 200 steps on 8 batches of 8)", choices=tuple(RECIPES)),
     Option("param", _learn_default("param"), "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: "
