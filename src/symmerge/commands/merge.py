@@ -10,9 +10,6 @@ from .align import add_option
 from .checks import at_least, check_report_file
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here)
-#: learned/dual merging (`learn_many`) takes the quick recipe's defaults: the full recipe's epochs and
-#: --lr auto are built for pairwise align only
-MERGE_RECIPE = "quick"
 LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches")
 
 
@@ -76,7 +73,7 @@ def run(args) -> int:
         from .transform import parse_groups
 
         families = parse_groups(args.groups)
-    opts = registry.many_options_for(args.method, {**vars(args), "recipe": MERGE_RECIPE})
+    opts = registry.many_options_for(args.method, vars(args))
     weights = parse_weights(args.weights)
     from ..merge_many import check_weights
 

@@ -372,9 +372,15 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
     return m.run(a, b, families, data, opts, start, **runtime)
 
 
+#: the defaults of many-model learning (`learn_many`): the quick recipe's; the full recipe's epochs and
+#: --lr auto are built for pairwise matching only
+MANY_RECIPE = "quick"
+
+
 def many_options_for(name: str, given: dict | None = None) -> dict:
     """`options_for(name)` and the many-model options, from `given` where it is not None."""
-    given = given or {}
+    given = dict(given or {})
+    given["recipe"] = given.get("recipe") or MANY_RECIPE
     out = options_for(name, given)
     for o in MANY_OPTIONS.values():
         out[o.name] = given[o.name] if given.get(o.name) is not None else o.default
