@@ -20,6 +20,7 @@ from symmerge.evaluate import grid
 from symmerge.match import learner as learner_module
 from symmerge.match import lr_search
 from symmerge.match.learn_config import DEFAULT_LR, LearnConfig
+from symmerge.match.learn_plan import plan_line
 from symmerge.match.learn_report import after_best, end_line
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
@@ -82,6 +83,7 @@ def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
     assert len(set(scores)) == len(scores), "rates scored alike: the search does not tell them apart"
     assert search["units"] <= search["run_units"] and search["steps_each"] >= MIN_STEPS
     assert f"lr {search['chosen']:.3g} (--lr auto" in rep["end_line"]
+    assert f"--lr auto chose {search['chosen']:.3g}" in plan_line(rep["plan"])  # printed before the run
     # the same seed again, the search alone: the same record
     resolved = dataclasses.replace(_auto(), eval_every=20)
     _, again = choose_lr(Learner(a, b, _auto(), None), train, val, resolved)

@@ -17,6 +17,8 @@ import math
 import time
 from dataclasses import replace
 
+from tqdm.auto import tqdm
+
 from ..barrier import above_line
 from ..evaluate import grid, mean_se
 from .learn_config import VAL_SE, LearnConfig
@@ -88,7 +90,25 @@ def make_plan(learner, train: list[dict], val: list[dict], cfg: LearnConfig, sav
     else:
         plan["lr"] = float(cfg.lr)
     plan["seconds"] = round(time.perf_counter() - t0, 3)
+    if cfg.progress:
+        tqdm.write(plan_line(plan))
     return plan
+
+
+def plan_line(plan: dict) -> str:
+    """The plan in one line, printed before the run starts (the search takes a while and shows no bar)."""
+    line = (f"plan: {plan['steps']} steps ({plan['epochs']:.3g} epochs of {plan['train_batches']} batches), "
+            f"validation every {plan['eval_every']} on {plan['val_batches']} batches")
+    search = plan.get("lr_search")
+    if search:
+        tried = ", ".join(f"{r:.2g}: {_g(b)}" for r, b in zip(search["rates"], search["barriers"]))
+        line += (f"; --lr auto chose {plan['lr']:.3g} ({search['steps_each']} steps each on {search['val_batches']} "
+                 f"validation batches, validation barrier {tried}; {search['seconds']:.0f} s)")
+    return line
+
+
+def _g(x) -> str:
+    return "nan" if x is None else f"{x:.4f}"
 
 
 def resolved(cfg: LearnConfig, plan: dict) -> LearnConfig:
