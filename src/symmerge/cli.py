@@ -14,7 +14,7 @@ import threading
 
 from safetensors import SafetensorError
 
-from . import SymmergeError, __version__
+from . import SymmergeError, __version__, distributed
 
 #: modules under symmerge.commands, each with register(subparsers)
 COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
@@ -56,10 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
+    if distributed.idle(args):  # under torchrun, a command that does not spread runs in the first process
+        return 0
     try:
         return int(args.run(args) or 0)
     except SymmergeError as e:
-        print(f"symmerge {args.command}: error: {e}", file=sys.stderr)
+        if distributed.prints(e):  # under torchrun an error all processes share is printed once
+            print(f"symmerge {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # learned matching says where its checkpoint is
         print(f"symmerge {args.command}: {e or 'interrupted'}", file=sys.stderr)
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         io = sys.modules.get("symmerge.io")
         if io is not None:
             io.remove_pending()
+        distributed.close()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import SymmergeError, devices
+from .. import SymmergeError, devices, distributed
 from ..match import registry
 from ..match.learn_config import BATCH_TOKENS, RECIPES
 from ..report import write as write_report
@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
     devices.add_arguments(p, f"the forward of {'/'.join(forward_methods())}")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes
 
 
 def forward_methods() -> list[str]:
@@ -205,9 +205,24 @@ def report(args, b, result, families) -> dict:
 
 
 def run(args) -> int:
+    matcher = registry.get(args.method)
+    if matcher.validates:  # under torchrun every process checks, and all share the first error
+        group = distributed.init(args.device)
+        place, opts, families = group.agree(lambda: _checked(args, matcher))
+        return run_learned(args, matcher, families, opts, place)
+    place, opts, families = _checked(args, matcher)
+    rep = (align_streamed if matcher.streams else align_in_memory)(args, matcher, families, opts)
+    if args.json:
+        write_report(args.json, "align", rep)
+    print(f"wrote {args.out}: {args.b} aligned to {args.a} by {args.method} matching; similarity "
+          f"{rep['objective'][0]:.6f} -> {rep['objective'][-1]:.6f} in {rep['iterations']} iterations ({rep['seconds']:.1f}s)")
+    return 0
+
+
+def _checked(args, matcher):
+    """(placement, the matcher's options, the families), every argument checked before any work."""
     from ..io import prepare_output
 
-    matcher = registry.get(args.method)
     place = devices.resolve(args)
     if not matcher.forward and (args.device or args.dtype):
         raise SymmergeError(f"--device and --dtype are for --method {' or '.join(forward_methods())}; "
@@ -222,14 +237,7 @@ def run(args) -> int:
     check_report_file(args.json, "--json")
     families = default_families(args)
     registry.check(matcher.name, families, opts)
-    if matcher.validates:
-        return run_learned(args, matcher, families, opts, place)
-    rep = (align_streamed if matcher.streams else align_in_memory)(args, matcher, families, opts)
-    if args.json:
-        write_report(args.json, "align", rep)
-    print(f"wrote {args.out}: {args.b} aligned to {args.a} by {args.method} matching; similarity "
-          f"{rep['objective'][0]:.6f} -> {rep['objective'][-1]:.6f} in {rep['iterations']} iterations ({rep['seconds']:.1f}s)")
-    return 0
+    return place, opts, families
 
 
 def default_families(args) -> list[str] | None:
@@ -263,14 +271,18 @@ def run_learned(args, matcher, families, opts, place) -> int:
     """Learn against the loss on the path, from the solution of the matcher it starts from (weight
     matching, absorbed into B); OUT = g·B, or OUT/A and OUT/B for dual."""
     from ..match.learn_loop import Result
-    from ..match.outputs import finish_learned, open_checkpoint
+    from ..match.outputs import checkpoint_folder, finish_learned, open_checkpoint
 
-    data = _data(args, matcher, opts)
-    note = _affordable_rate(args, matcher, families, opts, data)
-    a, b = _load_pair(args, families)
-    ckpt = open_checkpoint(args.out, args.force, args.resume)
-    result = registry.align(matcher.name, a, b, families, data, opts, progress=True, checkpoint=ckpt,
+    group = distributed.current()  # several processes: each reads the inputs, rank 0 alone writes
+    data, (a, b) = group.agree(lambda: (_data(args, matcher, opts), _load_pair(args, families)))
+    group.agree(lambda: group.check_data(data.train, data.val))  # before weight matching, which comes first
+    note = group.agree(lambda: _affordable_rate(args, matcher, families, opts, data))
+    group.agree(lambda: open_checkpoint(args.out, args.force, args.resume), main_only=True)
+    ckpt = checkpoint_folder(args.out)
+    result = registry.align(matcher.name, a, b, families, data, opts, progress=group.main, checkpoint=ckpt,
                             resume=args.resume, **place.record(place.working(a.dtype)))
+    if not group.main:
+        return 0
     rep = finish_learned(Result(result.elements, result.figures), a, b, args.out, args.force, data.val[0], ckpt,
                          dtype=out_dtype.resolve(args))
     start = result.start.figures

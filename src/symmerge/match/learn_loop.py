@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .. import SymmergeError
+from .. import SymmergeError, distributed
 from ..barrier import above_line, highest_excess, line_barrier
 from ..evaluate import grid
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
@@ -96,6 +96,8 @@ class _StopFlag:
 class Run:
     def __init__(self, learner: Learner, train, val, checkpoint, on_step):
         self.learner, self.train, self.val, self.ckpt, self.on_step = learner, train, val, checkpoint, on_step
+        self.group = distributed.current()  # several processes: each takes its rows of every batch
+        self.stop = False
         self.cfg = learner.cfg
         self.names = list(learner.trainables())
         self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
@@ -113,7 +115,7 @@ class Run:
         return out
 
     def save(self) -> None:
-        if self.ckpt is not None:
+        if self.ckpt is not None and self.group.main:
             save_state(self.ckpt, self.tensors(), {**self.meta, "settings": self.cfg.settings()})
 
     def load(self) -> None:
@@ -137,9 +139,9 @@ class Run:
     def evaluate(self, step: int) -> None:
         m = self.meta
         if m["endpoint_losses"] is None:  # the endpoints compute their inputs' functions: fixed for the run
-            ends = self.learner.curve(self.val, [0.0, 1.0])
+            ends = self.group.curve(self.learner, self.val, [0.0, 1.0])
             m["endpoint_losses"] = ends
-        inner = self.learner.curve(self.val, self.lams[1:-1])
+        inner = self.group.curve(self.learner, self.val, self.lams[1:-1])
         losses = [m["endpoint_losses"][0], *inner, m["endpoint_losses"][1]]
         b = line_barrier(self.lams, losses)
         finite = math.isfinite(b)  # NaN is written as null (strict JSON) and is never the best
@@ -159,7 +161,9 @@ class Run:
         losses = next(h["losses"] for h in self.meta["history"] if h["step"] == self.meta["best_step"])
         return highest_excess(self.lams, losses)
 
-    def train_step(self, step: int) -> float:
+    def train_step(self, step: int, stop: bool = False) -> float:
+        """One optimiser step; several processes take their rows of the batch and sum their gradients
+        (and `stop`, Ctrl-C's flag: `self.stop` says whether any process had it set)."""
         idx, lam = _step_randomness(self.cfg.seed, step, len(self.train), self.cfg.lam_range)
         if self.cfg.lam_sampling == "peak":  # the last validation curve: restored on resume, so still exact
             lam = peak_lambda(self.lams, self.meta["history"][-1]["losses"], self.cfg.lam_range,
@@ -167,31 +171,37 @@ class Run:
         for pg in self.opt.param_groups:
             pg["lr"] = _cosine_lr(self.cfg.lr, step, self.cfg.steps)
         self.opt.zero_grad(set_to_none=True)
-        loss = self.learner.loss(self.train[idx], lam)
-        if not torch.isfinite(loss):  # keep the best state and stop rather than step into NaN
+        batch = self.train[idx]
+        loss = self.learner.loss(self.group.local(batch), lam)
+        if self.group.world > 1:
+            loss = loss * self.group.share(batch)
+        loss.backward()
+        total, self.stop = self.group.sync(self.opt.param_groups[0]["params"], loss, stop)
+        if not math.isfinite(total):  # keep the best state and stop rather than step into NaN
             self.meta["diverged"] = True
             return float("nan")
-        loss.backward()
         self.opt.step()
-        return float(loss.detach())
+        return total
 
     def go(self, resume: bool) -> Result:
         if resume:
             if self.ckpt is None:
                 raise SymmergeError("--resume needs a checkpoint folder")
-            self.load()
+            self.group.agree(self.load)  # every process reads the checkpoint
         else:
             self.best = {k: v.detach().clone() for k, v in self.learner.trainables().items()}
             self.evaluate(0)
         m, cfg = self.meta, self.cfg
-        bar = tqdm(total=cfg.steps, initial=m["step"], disable=not cfg.progress, desc=f"{cfg.method} matching")
+        bar = tqdm(total=cfg.steps, initial=m["step"], disable=not (cfg.progress and self.group.main),
+                   desc=f"{cfg.method} matching")
         t0 = time.perf_counter()
         with _StopFlag() as stop:
             while not m["done"] and not m["stopped_early"] and m["step"] < cfg.steps:
-                loss = self.train_step(m["step"])
+                loss = self.train_step(m["step"], stop.set)
                 if m["diverged"]:
-                    tqdm.write(f"{cfg.method} matching: the loss is not finite at step {m['step']}; "
-                               "keeping the best state (lower --lr)")
+                    if self.group.main:
+                        tqdm.write(f"{cfg.method} matching: the loss is not finite at step {m['step']}; "
+                                   "keeping the best state (lower --lr)")
                     break
                 m["step"] += 1
                 bar.update(1)
@@ -200,7 +210,7 @@ class Run:
                 bar.set_postfix(loss=f"{loss:.4f}", barrier=str(m["history"][-1]["barrier"])[:6])
                 m["time_s"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                if stop.set or (self.on_step is not None and self.on_step(m["step"])):
+                if self.stop or (self.on_step is not None and self.on_step(m["step"])):
                     self.save()
                     bar.close()
                     where = f"checkpoint in {self.ckpt}: rerun with --resume" if self.ckpt else "no checkpoint folder given"

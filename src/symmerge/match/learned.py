@@ -37,7 +37,7 @@ checkpoints), `learn_state` (the checkpoint files); this module holds `learn`, w
 
 from __future__ import annotations
 
-from .. import SymmergeError
+from .. import SymmergeError, distributed
 from ..model import Model
 from .learn_config import LearnConfig
 from .learn_loop import Result, Run
@@ -60,6 +60,10 @@ def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConf
     """
     if not train or not val:
         raise SymmergeError("learned matching needs training and validation batches (--data)")
+    group = distributed.current()  # several processes: one starting element (cuda: each rank's own GPU, `distributed.init`)
+    group.agree(lambda: group.check_data(train, val))
+    if init is not None:
+        init = group.broadcast(init)
     learner = Learner(a, b, cfg, init)
     saved = load_plan(checkpoint) if resume and checkpoint is not None else None
     plan = make_plan(learner, train, val, cfg, saved)

@@ -1,0 +1,299 @@
+"""Several processes: learned and dual matching under torchrun (2 gloo processes on the CPU).
+
+Each test launches `python -m torch.distributed.run --standalone --nproc-per-node 2` on this file (its
+`__main__` part is the worker: it runs `learn` and writes what every rank holds) or on `-m symmerge`,
+and compares with a single process over the same global batches: the group parameters after k steps
+agree to 1e-5 relative (float32 forward), the ranks agree bitwise, a resumed run equals an
+uninterrupted one bitwise, a rank that dies or hangs ends the others with one clear error within the
+timeout, and bad input is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+TIMEOUT_S = 20  # the process group's timeout in these tests (SYMMERGE_DIST_TIMEOUT)
+
+
+def _train_val():
+    """Global batches of 4 rows; some labels of the first two rows (rank 0's) are -100, so the ranks'
+    shares of the predicted tokens differ and an unweighted mean of their losses would be wrong."""
+    from factories import lm_batches
+
+    train, val = lm_batches(3, 0), lm_batches(2, 1)
+    for b in (train[0], train[2], val[0]):
+        b["labels"][0, 2:9] = -100
+    return train, val
+
+
+def _config(method: str, steps: int = 6):
+    from learned_common import quick
+
+    return quick(method=method, steps=steps, seed=3, lam_range=(0.2, 0.8))
+
+
+def _init(b, method: str):
+    from symmerge.spec import random_element
+
+    return random_element(b.spec, torch.Generator().manual_seed(7 if method == "learned" else 8))
+
+
+# --- the worker (run by torchrun on this file) -----------------------------------------------------------
+
+
+def _worker(spec: dict) -> int:
+    from safetensors.torch import save_file
+
+    from symmerge import SymmergeError, distributed
+    from symmerge.match.learn_loop import Interrupted
+    from symmerge.match.learned import learn
+    from symmerge.model import load_model
+
+    group = distributed.init("cpu")
+    a, b = load_model(spec["a"]), load_model(spec["b"])
+    train, val = _train_val()
+    for run in spec["runs"]:
+        def on_step(step, run=run):
+            if group.rank == 1 and step == run.get("die_at"):
+                os._exit(3)
+            if group.rank == 1 and step == run.get("hang_at"):
+                time.sleep(3600)  # until torchrun ends it, after rank 0 gave up
+            return step == run.get("stop_at")
+
+        ckpt = run.get(f"ckpt_rank{group.rank}", run["ckpt"])
+        try:
+            res = learn(a, b, train, val, _config(run["method"]), init=_init(b, run["method"]), checkpoint=ckpt,
+                        resume=run.get("resume", False), on_step=on_step)
+        except Interrupted:
+            continue
+        except SymmergeError as e:
+            print(f"worker: error: {e}", file=sys.stderr)
+            Path(f"{run['out']}.error.rank{group.rank}").write_text(str(e))
+            if run.get("expect_error"):
+                continue
+            return 2
+        flat = {f"{side}.{k}": v.contiguous() for side, g in res.elements.items() for k, v in g.items()}
+        save_file(flat, f"{run['out']}.rank{group.rank}.safetensors")
+        if group.main:
+            Path(f"{run['out']}.history.json").write_text(json.dumps(res.report["history"]))
+    distributed.close()
+    return 0
+
+
+def _cli_calls(calls: list[dict]) -> int:
+    """`symmerge` command lines one after the other in the same processes; each rank records its exit
+    code and stderr. With `rank1_cwd` rank 1 runs in that folder, where relative inputs are missing."""
+    import contextlib
+    import io
+
+    from symmerge.cli import main
+
+    home, rank = os.getcwd(), int(os.environ["RANK"])
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # each command meets the other rank on a store of its own
+    for call in calls:
+        os.environ["MASTER_PORT"] = str(call["port"])
+        os.chdir(call.get("rank1_cwd") or home if rank == 1 else home)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = main(call["argv"])
+        os.chdir(home)
+        Path(f"{call['log']}.rank{rank}.json").write_text(json.dumps({"rc": rc, "stderr": err.getvalue()}))
+    return 0
+
+
+# --- the tests -------------------------------------------------------------------------------------------
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SYMMERGE_DIST_TIMEOUT": str(TIMEOUT_S),
+            "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def _launch(*target: str, timeout: float = 240, **extra) -> subprocess.CompletedProcess:
+    """torchrun with 2 processes (gloo) on this file, with its arguments."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *target]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**extra))
+
+
+def _work(tmp: Path, dirs, runs: list[dict], name: str = "spec.json", **env) -> subprocess.CompletedProcess:
+    spec = tmp / name
+    spec.write_text(json.dumps({"a": str(dirs[0]), "b": str(dirs[1]), "runs": runs}))
+    return _launch(__file__, str(spec), **env)
+
+
+def _load(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _rel(x: dict, y: dict) -> float:
+    """Largest relative distance over floating tensors; integer tensors (permutations) must be equal."""
+    assert x.keys() == y.keys()
+    for k in x:
+        if not x[k].is_floating_point():
+            assert torch.equal(x[k], y[k]), k
+    return max(float((x[k] - y[k]).norm() / y[k].norm().clamp_min(1e-30)) for k in x if x[k].is_floating_point())
+
+
+CHARS = "".join(chr(c) for c in range(65, 125))  # 60 characters: with <unk>, the tiny GPT-2s' 61 tokens
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """The tiny GPT-2 pair, with a character tokenizer (for the command line), and a text file."""
+    from factories import make_model, save_model
+    from symmerge.tokenizers import char_tokenizer
+
+    d = tmp_path_factory.mktemp("dist-pair")
+    tok = char_tokenizer(CHARS)
+    out = save_model(make_model("gpt2", 0), d / "a"), save_model(make_model("gpt2", 1), d / "b")
+    for path in out:
+        tok.save_pretrained(path)
+    ids = torch.randint(0, len(CHARS), (6000,), generator=torch.Generator().manual_seed(0))
+    (d / "text.txt").write_text("".join(CHARS[i] for i in ids))
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched(dirs, tmp_path_factory):
+    """One launch (process start-up is most of a test's time): learned and dual to the end; learned stopped
+    at step 3 and resumed from rank 0's checkpoint; a resume where rank 1 finds no checkpoint."""
+    tmp = tmp_path_factory.mktemp("dist-runs")
+    runs = [{"method": "learned", "ckpt": str(tmp / "learned.state"), "out": str(tmp / "learned")},
+            {"method": "dual", "ckpt": str(tmp / "dual.state"), "out": str(tmp / "dual")},
+            {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "cut"), "stop_at": 3},
+            {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "resumed"), "resume": True},
+            {"method": "learned", "ckpt": str(tmp / "learned.state"), "ckpt_rank1": str(tmp / "nowhere"),
+             "out": str(tmp / "lost"), "resume": True, "expect_error": True}]
+    proc = _work(tmp, dirs, runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp
+
+
+def _flat(res) -> dict:
+    return {f"{side}.{k}": v for side, g in res.elements.items() for k, v in g.items()}
+
+
+@pytest.mark.parametrize("method", ["learned", "dual"])
+def test_two_processes_take_the_single_process_step(dirs, launched, tmp_path, method):
+    from symmerge.match.learned import learn
+    from symmerge.model import load_model
+
+    a, b = load_model(dirs[0]), load_model(dirs[1])
+    train, val = _train_val()
+    single = learn(a, b, train, val, _config(method), init=_init(b, method), checkpoint=tmp_path / "state")
+    ranks = [_load(launched / f"{method}.rank{r}.safetensors") for r in (0, 1)]
+    for k in ranks[0]:  # every rank holds the same element, bit for bit
+        assert torch.equal(ranks[0][k], ranks[1][k]), k
+    assert _rel(ranks[0], _flat(single)) < 1e-5
+    # the group parameters and Adam's moments after the last step (the checkpoint rank 0 wrote)
+    assert _rel(_load(launched / f"{method}.state" / "state.safetensors"), _load(tmp_path / "state" / "state.safetensors")) < 1e-5
+    history = json.loads((launched / f"{method}.history.json").read_text())
+    assert [h["step"] for h in history] == [h["step"] for h in single.report["history"]]
+    for h, s in zip(history, single.report["history"]):
+        assert h["losses"] == pytest.approx(s["losses"], rel=1e-5)
+    # negative control: the first rank's rows alone (no all-reduce) take another step
+    half = [{k: v[:2] for k, v in batch.items()} for batch in train]
+    alone = learn(a, b, half, val, _config(method), init=_init(b, method))
+    assert _rel(ranks[0], _flat(alone)) > 1e-3
+
+
+def test_resume_under_torchrun_equals_uninterrupted(launched):
+    """Stopped at step 3 (rank 0 wrote the checkpoint), resumed by both ranks: bitwise the uninterrupted run."""
+    assert not list(launched.glob("cut.rank*"))  # the cut run stopped (Interrupted) before it returned
+    whole, resumed = _load(launched / "learned.rank0.safetensors"), _load(launched / "resumed.rank0.safetensors")
+    for k in whole:
+        assert torch.equal(whole[k], resumed[k]), k
+    assert (launched / "resumed.history.json").read_text() == (launched / "learned.history.json").read_text()
+    for k, v in _load(launched / "learned.state" / "state.safetensors").items():
+        assert torch.equal(v, _load(launched / "cut.state" / "state.safetensors")[k]), k
+
+
+def test_a_rank_without_the_checkpoint_stops_every_rank(launched):
+    """Rank 1 finds no checkpoint to resume: both ranks raise the same error (rank 0 names rank 1)."""
+    texts = [(launched / f"lost.error.rank{r}").read_text() for r in (0, 1)]
+    assert texts[0] == texts[1] and texts[0].startswith("rank 1: no learned-matching checkpoint in"), texts
+    assert not list(launched.glob("lost.rank*"))
+
+
+@pytest.mark.parametrize("fault", ["die_at", "hang_at"])
+def test_a_rank_that_dies_or_hangs_ends_the_others(dirs, tmp_path, fault):
+    """Rank 1 exits (or sleeps) at step 2: rank 0 stops with one clear error within the process group's
+    timeout (5 s here), not a hang, and torchrun exits != 0."""
+    run = {"method": "learned", "ckpt": str(tmp_path / "state"), "out": str(tmp_path / "run"), fault: 2}
+    proc = _work(tmp_path, dirs, [run], SYMMERGE_DIST_TIMEOUT="5")
+    assert proc.returncode != 0
+    error = (tmp_path / "run.error.rank0").read_text()
+    assert error.startswith("rank 0: lost contact with the other processes during the gradient all-reduce"), error
+    assert "SYMMERGE_DIST_TIMEOUT=5s" in error
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _align(a, b, out, *extra) -> list[str]:
+    return ["align", str(a), str(b), "-o", str(out), "--method", "dual", "--data", str(Path(a).parent / "text.txt"),
+            "--steps", "4", "--eval-every", "4", "--val-points", "3", "--lr", "0.05", "--batch-size", "4",
+            "--max-batches", "3", "--val-batches", "2", *extra]
+
+
+def test_align_under_torchrun(dirs, tmp_path):
+    """`python -m symmerge align --method dual` in 2 processes writes what one process writes (rank 0
+    alone writes); a batch the ranks cannot share, and a rank without the input checkpoints, are refused
+    with one line on rank 0, exit != 0 on every rank, nothing written."""
+    from symmerge.cli import main
+
+    root, empty = dirs[0].parent, tmp_path / "empty"
+    empty.mkdir()
+    calls = [{"argv": _align(*dirs, tmp_path / "two", "--json", str(tmp_path / "two.json")), "log": str(tmp_path / "ok")},
+             {"argv": _align(*dirs, tmp_path / "odd", "--batch-size", "3"), "log": str(tmp_path / "odd")},
+             {"argv": _align("a", "b", tmp_path / "lost"), "log": str(tmp_path / "lost"), "rank1_cwd": str(empty)}]
+    for call in calls:
+        call["port"] = _free_port()
+    spec = tmp_path / "calls.json"
+    spec.write_text(json.dumps(calls))
+    before = sorted(p.name for p in root.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           __file__, "--cli", str(spec)], capture_output=True, text=True, timeout=240, cwd=root,
+                          env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = {c["log"]: [json.loads(Path(f"{c['log']}.rank{r}.json").read_text()) for r in (0, 1)] for c in calls}
+    ok, odd, lost = logs.values()
+    assert [x["rc"] for x in ok] == [0, 0], ok
+    assert proc.stdout.count("wrote ") == 1, proc.stdout
+    assert main(_align(*dirs, tmp_path / "one", "--json", str(tmp_path / "one.json"))) == 0
+    for side in ("A", "B"):
+        assert _rel(_load(tmp_path / "two" / side / "model.safetensors"), _load(tmp_path / "one" / side / "model.safetensors")) < 1e-5
+    two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
+    assert two["history"][-1]["losses"] == pytest.approx(one["history"][-1]["losses"], rel=1e-5)
+    assert not (tmp_path / "two.learn-state").exists()
+    for log, words in ((odd, "which the 2 processes cannot share evenly"), (lost, "rank 1: ")):
+        assert [x["rc"] for x in log] == [2, 2], log
+        assert words in log[0]["stderr"] and log[0]["stderr"].count("error:") == 1, log
+        assert log[1]["stderr"] == "", log  # printed once, by rank 0
+    assert "b is not a folder" in lost[0]["stderr"], lost
+    assert not list(tmp_path.glob("odd*.learn-state")) and not (tmp_path / "odd").exists() and not (tmp_path / "lost").exists()
+    assert sorted(p.name for p in root.iterdir()) == before
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    if sys.argv[1] == "--cli":
+        sys.exit(_cli_calls(json.loads(Path(sys.argv[2]).read_text())))
+    sys.exit(_worker(json.loads(Path(sys.argv[1]).read_text())))
