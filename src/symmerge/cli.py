@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _terminate(signum, frame):
     """SIGTERM unwinds like Ctrl-C, so that every `AtomicFolder` removes its temporary folder."""
-    raise KeyboardInterrupt("terminated")
+    why = " (by torchrun, which stops every process once one fails: see that one's error)" if distributed.launched() else ""
+    raise KeyboardInterrupt(f"terminated{why}")
 
 
 def main(argv: list[str] | None = None) -> int:
