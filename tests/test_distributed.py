@@ -71,6 +71,7 @@ def _worker(spec: dict) -> int:
             return step == run.get("stop_at")
 
         ckpt = run.get(f"ckpt_rank{group.rank}", run["ckpt"])
+        group.shard = run.get("shard", False)
         try:
             res = learn(a, b, train, val, _config(run["method"]), init=_init(b, run["method"]), checkpoint=ckpt,
                         resume=run.get("resume", False), on_step=on_step)
@@ -86,6 +87,12 @@ def _worker(spec: dict) -> int:
         save_file(flat, f"{run['out']}.rank{group.rank}.safetensors")
         if group.main:
             Path(f"{run['out']}.history.json").write_text(json.dumps(res.report["history"]))
+    if any(run.get("shard") for run in spec["runs"]):  # what one rank keeps of an endpoint, sharded and whole
+        from symmerge.match.blockwise import Frozen
+        from symmerge.match.sharded import Sharded
+
+        kept = {"sharded": Sharded(a, group).nbytes(), "whole": Frozen(a).nbytes()}
+        Path(f"{spec['runs'][0]['out']}.bytes.rank{group.rank}.json").write_text(json.dumps(kept))
     distributed.close()
     return 0
 
@@ -177,6 +184,8 @@ def launched(dirs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist-runs")
     runs = [{"method": "learned", "ckpt": str(tmp / "learned.state"), "out": str(tmp / "learned")},
             {"method": "dual", "ckpt": str(tmp / "dual.state"), "out": str(tmp / "dual")},
+            {"method": "learned", "ckpt": str(tmp / "learned-sharded.state"), "out": str(tmp / "learned-sharded"), "shard": True},
+            {"method": "dual", "ckpt": str(tmp / "dual-sharded.state"), "out": str(tmp / "dual-sharded"), "shard": True},
             {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "cut"), "stop_at": 3},
             {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "resumed"), "resume": True},
             {"method": "learned", "ckpt": str(tmp / "learned.state"), "ckpt_rank1": str(tmp / "nowhere"),
@@ -190,28 +199,40 @@ def _flat(res) -> dict:
     return {f"{side}.{k}": v for side, g in res.elements.items() for k, v in g.items()}
 
 
-@pytest.mark.parametrize("method", ["learned", "dual"])
+@pytest.mark.parametrize("method", ["learned", "dual", "learned-sharded", "dual-sharded"])
 def test_two_processes_take_the_single_process_step(dirs, launched, tmp_path, method):
+    """Data parallel, and with the endpoints sharded over the ranks (`match/sharded.py`): the group
+    parameters, outside the sharding, are still summed over the ranks and equal one process's."""
     from symmerge.match.learned import learn
     from symmerge.model import load_model
 
     a, b = load_model(dirs[0]), load_model(dirs[1])
     train, val = _train_val()
-    single = learn(a, b, train, val, _config(method), init=_init(b, method), checkpoint=tmp_path / "state")
-    ranks = [_load(launched / f"{method}.rank{r}.safetensors") for r in (0, 1)]
+    run, kind = method, method.split("-")[0]
+    single = learn(a, b, train, val, _config(kind), init=_init(b, kind), checkpoint=tmp_path / "state")
+    ranks = [_load(launched / f"{run}.rank{r}.safetensors") for r in (0, 1)]
     for k in ranks[0]:  # every rank holds the same element, bit for bit
         assert torch.equal(ranks[0][k], ranks[1][k]), k
     assert _rel(ranks[0], _flat(single)) < 1e-5
     # the group parameters and Adam's moments after the last step (the checkpoint rank 0 wrote)
-    assert _rel(_load(launched / f"{method}.state" / "state.safetensors"), _load(tmp_path / "state" / "state.safetensors")) < 1e-5
-    history = json.loads((launched / f"{method}.history.json").read_text())
+    assert _rel(_load(launched / f"{run}.state" / "state.safetensors"), _load(tmp_path / "state" / "state.safetensors")) < 1e-5
+    history = json.loads((launched / f"{run}.history.json").read_text())
     assert [h["step"] for h in history] == [h["step"] for h in single.report["history"]]
     for h, s in zip(history, single.report["history"]):
         assert h["losses"] == pytest.approx(s["losses"], rel=1e-5)
     # negative control: the first rank's rows alone (no all-reduce) take another step
     half = [{k: v[:2] for k, v in batch.items()} for batch in train]
-    alone = learn(a, b, half, val, _config(method), init=_init(b, method))
+    alone = learn(a, b, half, val, _config(kind), init=_init(b, kind))
     assert _rel(ranks[0], _flat(alone)) > 1e-3
+    if run.endswith("sharded"):  # the data-parallel run, bit for bit: a gather moves bytes
+        for k, v in _load(launched / f"{kind}.rank0.safetensors").items():
+            assert torch.equal(v, ranks[0][k]), k
+
+
+def test_sharded_endpoints_keep_half_on_each_rank(launched):
+    kept = [json.loads((launched / f"learned.bytes.rank{r}.json").read_text()) for r in (0, 1)]
+    for k in kept:
+        assert k["sharded"] <= k["whole"] / 2 + 64 * 8, kept  # padding: under one element per part and rank
 
 
 def test_resume_under_torchrun_equals_uninterrupted(launched):

@@ -77,9 +77,10 @@ class Group:
     """This process's place among the ranks (`rank` of `world`) and the collectives the learning loop
     uses. Alone (`world == 1`) every method is the identity, so a single process runs unchanged."""
 
-    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None):
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, shard: bool = False):
         self.rank, self.world = rank, world
         self.device = torch.device("cpu") if device is None else device  # where collectives run
+        self.shard = shard  # endpoints split over the ranks (`match/sharded.py`) rather than whole on each
 
     @property
     def main(self) -> bool:
@@ -117,6 +118,10 @@ class Group:
         return 1.0 if self.world == 1 else predicted_items(self.local(batch)) / predicted_items(batch)
 
     # --- collectives ----------------------------------------------------------------------------------
+
+    def collective(self, what: str, fn) -> None:
+        """Run collective call `fn` (`what` names it in the error when a peer is lost)."""
+        _collective(what, fn)
 
     def _all_reduce(self, flat: torch.Tensor, what: str) -> torch.Tensor:
         """The sum over the ranks (on the collectives' device; the same tensor returned to every rank)."""
@@ -222,10 +227,11 @@ def current() -> Group:
     return _current
 
 
-def init(device=None) -> Group:
+def init(device=None, shard: bool = False) -> Group:
     """Join torchrun's process group (once); alone, `SOLO`. `device`: the run's --device ("cpu", "cuda",
     None for its default); "cuda" means `cuda:LOCAL_RANK`, made the current GPU, so that every later
-    "cuda" (`devices.resolve`) is this rank's own. Returns the group with the rank's device."""
+    "cuda" (`devices.resolve`) is this rank's own. `shard`: split the endpoints over the ranks (`match/sharded.py`).
+    Returns the group with the rank's device."""
     global _current
     if not launched():
         return SOLO
@@ -247,7 +253,7 @@ def init(device=None) -> Group:
         dist.init_process_group(backend, timeout=timeout(), device_id=dev if dev.type == "cuda" else None)
     except (RuntimeError, ValueError, dist.DistError) as e:
         raise SymmergeError(f"cannot join the other processes ({backend}): {_first_line(e)}") from None
-    _current = Group(dist.get_rank(), dist.get_world_size(), dev)
+    _current = Group(dist.get_rank(), dist.get_world_size(), dev, shard)
     return _current
 
 

@@ -35,6 +35,9 @@ def register(sub) -> None:
     for opt in registry.OPTIONS.values():
         add_option(p, opt)
     p.add_argument("--resume", action="store_true", help="learned/dual: continue the interrupted run of OUT")
+    p.add_argument("--shard-endpoints", action="store_true",
+                   help="learned/dual under torchrun: each process keeps 1/N of the frozen endpoints and gathers one "
+                   "block at a time (for models that do not fit one device; alone, nothing to split)")
     p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
@@ -207,7 +210,7 @@ def report(args, b, result, families) -> dict:
 def run(args) -> int:
     matcher = registry.get(args.method)
     if matcher.validates:  # under torchrun every process checks, and all share the first error
-        group = distributed.init(args.device)
+        group = distributed.init(args.device, shard=args.shard_endpoints)
         place, opts, families = group.agree(lambda: _checked(args, matcher))
         return run_learned(args, matcher, families, opts, place)
     place, opts, families = _checked(args, matcher)

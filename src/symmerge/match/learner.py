@@ -16,9 +16,10 @@ from ..apply import Prepared, StraightThrough, apply
 from ..evaluate import interpolate
 from ..merge import check_compatible
 from ..spec import SCALE, Spec, compose, identity_element
-from .blockwise import BlockwiseForward, Frozen, PartFn
+from .blockwise import BlockwiseForward, PartFn
 from .learn_config import DTYPES, LearnConfig
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
+from .sharded import frozen
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Learner:
         self.slots = self._make_slots(cont, ste, methods)
         device = torch.device(cfg.device)
         absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual else None
-        self.frozen = {"A": Frozen(a, device), "B": Frozen(b, device, absorb)}
+        self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
         self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device)
         eps = self.frozen["A"].part("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
