@@ -86,10 +86,6 @@ class Group:
     def main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def backend(self) -> str | None:
-        return None if self.world == 1 else ("nccl" if self.device.type == "cuda" else "gloo")
-
     # --- batches --------------------------------------------------------------------------------------
 
     def check_batches(self, batches: list[dict], what: str) -> None:
