@@ -1,0 +1,51 @@
+"""The assignment costs' product, exact (float32) against bfloat16 operands with float32 accumulation
+(`match/weight_products.cross`), side by side on the FFN cost matrix shapes of Pythia-1.4B and Llama-2-7B.
+
+Each shape: `n x m` by `m x n` (n FFN units, m = 2 d: the up and down projections side by side;
+SwiGLU: 3 d), the two variants interleaved `--repeats` times, median seconds and their ratio, and the
+largest difference from the float64 product of the unrounded operands, relative to its largest entry.
+
+    PYTHONPATH=src python benchmarks/cost_products.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from symmerge.match.weight_products import BF16, cross, mkl_available
+
+SHAPES = {"pythia-1.4b FFN": (8192, 4096), "llama-2-7b FFN": (11008, 12288)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"MKL bf16 kernel found: {mkl_available()}; {args.threads} thread(s)")
+    for name, (n, m) in SHAPES.items():
+        gen = torch.Generator().manual_seed(0)
+        x, y = torch.randn(n, m, generator=gen) * 0.02, torch.randn(n, m, generator=gen) * 0.02
+        times = {"exact": [], BF16: []}
+        out = {}
+        for _ in range(args.repeats):
+            for mode in times:
+                t0 = time.perf_counter()
+                out[mode] = cross(x, y, None if mode == "exact" else mode)
+                times[mode].append(time.perf_counter() - t0)
+        ref = x.double() @ y.double().T
+        scale = float(ref.abs().max())
+        err = {k: float((v.double() - ref).abs().max()) / scale for k, v in out.items()}
+        ex, bf = statistics.median(times["exact"]), statistics.median(times[BF16])
+        print(f"{name} ({n} x {m} by {m} x {n}): exact float32 {ex:.2f} s, bfloat16 operands {bf:.2f} s, "
+              f"ratio {ex / bf:.2f}; error vs float64 relative to the largest entry: exact {err['exact']:.1e}, "
+              f"bfloat16 {err[BF16]:.1e}")
+
+
+if __name__ == "__main__":
+    main()
