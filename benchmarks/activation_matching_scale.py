@@ -4,8 +4,8 @@ Two random-initialised bf16 GPT-NeoX checkpoints of Pythia shape (written by `we
 the same folder reused) are aligned by `activation_match_streaming` (`match/activation_stream.py`):
 both models' stock blocks run one at a time on the same random-token batches, with float32 forward and
 statistics by default, the CLI's default groups. Printed: tokens, whole run, seconds per block (median),
-peak RSS (the process high-water mark) as each part is read and at the end, and both checkpoints' bytes
-on disk for comparison (what a model in memory would at least take).
+peak RSS (the process high-water mark) as each part is read (also logged as it happens) and at the end,
+and both checkpoints' bytes on disk for comparison (what a model in memory would at least take).
 
     PYTHONPATH=src python benchmarks/activation_matching_scale.py --shape pythia-1.4b --folder /tmp/wm-scale
 """
@@ -30,6 +30,7 @@ def logged(lazy: LazyModel, log: list) -> LazyModel:
 
     def part(key):
         log.append((key, time.perf_counter(), rss_gib()))
+        print(f"part {key} at {log[-1][1] - log[0][1]:.1f} s, RSS {log[-1][2]:.2f} GiB", flush=True)
         return read(key)
 
     lazy.part = part
