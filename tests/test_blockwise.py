@@ -94,6 +94,23 @@ def test_blockwise_loss_and_gradients_equal_the_plain_path(pairs, arch, method):
         assert max(gaps(moved, ref, dtype)) > 2, f"{arch}/{method}/{dtype_name}: a moved element is not seen"
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "olmo", "vit"])
+def test_what_the_backward_recomputes_changes_nothing(pairs, arch):
+    """recompute="block" (weights and activations), "weights" (weights only, activations kept) and "none"
+    give bit-identical losses and gradients. Negative control: another lambda changes them."""
+    a, b, init = pairs[arch]
+    batch = batch_for(arch)
+    learner = Learner(a, b, quick(method="learned"), init)
+    runs = {}
+    for mode in ("none", "block", "weights"):
+        learner.forward.recompute = mode
+        runs[mode] = loss_and_grads(learner, learner.loss(batch, LAM))
+    for mode in ("block", "weights"):
+        assert runs[mode][0] == runs["none"][0] and all(torch.equal(g, r) for g, r in zip(runs[mode][1], runs["none"][1])), mode
+    other = loss_and_grads(learner, learner.loss(batch, LAM + 0.1))
+    assert other[0] != runs["none"][0] and not all(torch.equal(g, r) for g, r in zip(other[1], runs["none"][1]))
+
+
 def test_lazy_bf16_endpoints_stay_bf16(tmp_path):
     """Endpoints read from bf16 files block by block are kept in bf16 (no float32 copy; the canonical form
     adds only LayerNorm-folded zero biases), and give the same loss as the same checkpoints loaded whole."""

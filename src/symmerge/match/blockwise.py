@@ -33,13 +33,18 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from .. import SymmergeError
 from ..evaluate import model_inputs
 from ..model import InMemoryParts, Model, hf_class, part_keys
 
 Params = dict[str, torch.Tensor]
+#: what the backward recomputes of each block: "block" (its weights and activations: memory holds one
+#: block's, whatever the depth), "weights" (its materialised weights only; the activations of every block are
+#: kept, as in plain training: a forward less per step), "none" (nothing; every block's weights stay until the
+#: backward, as a whole-model forward holds them)
+RECOMPUTE = ("block", "weights", "none")
 #: part key ("embed", block index, "final") -> canonical tensors of that part, in the forward's dtype and device
 PartFn = Callable[[object], Params]
 
@@ -123,11 +128,17 @@ class _StandIn(nn.Module):
         part = owner.current  # captured: the backward's recomputation materialises the same step's tensors
 
         def run(*a, **k):
-            return functional_call(self.stock, owner.block_state(part, i), a, k)
+            owner.materialising = True
+            try:
+                state = owner.block_state(part, i)
+            finally:
+                owner.materialising = False
+            return functional_call(self.stock, state, a, k)
 
-        if owner.recompute and torch.is_grad_enabled():
-            return checkpoint(run, *args, use_reentrant=False, **kwargs)
-        return run(*args, **kwargs)
+        if owner.recompute == "none" or not torch.is_grad_enabled():
+            return run(*args, **kwargs)
+        context = {} if owner.recompute == "block" else {"context_fn": owner.keep_activations}
+        return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
 
 
 class BlockwiseForward:
@@ -136,8 +147,11 @@ class BlockwiseForward:
     `endpoints`: the `Frozen` models whose parts the forward will be fed (their attention biases decide
     whether the exported config has bias slots, as `export_config` decides for a checkpoint)."""
 
-    def __init__(self, model, endpoints: list[Frozen], dtype: torch.dtype, device=None, recompute: bool = True):
+    def __init__(self, model, endpoints: list[Frozen], dtype: torch.dtype, device=None, recompute: str = "block"):
+        if recompute not in RECOMPUTE:
+            raise SymmergeError(f"recompute must be one of {', '.join(RECOMPUTE)}, not {recompute!r}")
         self.adapter, self.shape, self.dtype, self.device, self.recompute = model.adapter, model.shape, dtype, device, recompute
+        self.materialising = False
         hooks = self.adapter.hooks
         if hooks is None or hooks.block is None:
             raise SymmergeError(f"{self.shape.hf_class}: the adapter names no block modules (HookPoints.block); "
@@ -155,6 +169,16 @@ class BlockwiseForward:
             self.hf.get_submodule(parent).register_module(idx, _StandIn(stock, i, self))
         self.end_keys = {k for k, _ in self.hf.named_parameters()}  # the stand-ins hide the blocks' parameters
         self.current: PartFn | None = None
+
+    def _policy(self, ctx, op, *args, **kwargs):
+        """recompute="weights": what the materialisation computes, and every view (a view of a weight would
+        keep it alive), is recomputed in the backward; every other output of the stock block is kept."""
+        if self.materialising or any(r.alias_info is not None for r in op._schema.returns):
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE
+
+    def keep_activations(self):
+        return create_selective_checkpoint_contexts(self._policy)
 
     def _cast(self, sd: Params, keys, prefix: str = "") -> Params:
         n = len(prefix)

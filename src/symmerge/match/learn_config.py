@@ -26,6 +26,7 @@ import torch
 
 from .. import SymmergeError
 from ..evaluate import grid
+from .blockwise import RECOMPUTE
 
 METHODS = ("learned", "dual")
 LAM_SAMPLING = ("uniform", "peak")
@@ -137,6 +138,7 @@ class LearnConfig:
     anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
     dtype: str = "float32"  # of the HF forward (a DTYPES key); group algebra is always float64
     device: str = "cpu"  # where the forward runs: "cpu", "cuda" or "cuda:N" (checked by symmerge.devices)
+    recompute: str = "block"  # what the backward recomputes per block (blockwise.RECOMPUTE); never changes a result
     checkpoint_every: int = 50
     progress: bool = True
 
@@ -156,6 +158,8 @@ class LearnConfig:
             raise SymmergeError(f"anchor must be residual or absolute, not {self.anchor!r}")
         if self.dtype not in DTYPES:
             raise SymmergeError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.recompute not in RECOMPUTE:
+            raise SymmergeError(f"recompute must be one of {', '.join(RECOMPUTE)}, not {self.recompute!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device)):
             raise SymmergeError(f"device must be cpu, cuda or cuda:N, not {self.device!r}")
         self._validate_length()
@@ -183,8 +187,10 @@ class LearnConfig:
         return self.eval_every if self.eval_every is not None else max(1, math.ceil(steps / self.evaluations))
 
     def settings(self) -> dict:
-        """What must be equal to resume a run (everything but the progress bar, checkpoint cadence and device)."""
-        skip = {"progress", "checkpoint_every", "device"}  # a run may resume on another device
+        """What must be equal to resume a run (everything but the progress bar, checkpoint cadence, device and
+        what the backward recomputes)."""
+        # a run may resume on another device, or recompute otherwise (the same figures: tests/test_blockwise.py)
+        skip = {"progress", "checkpoint_every", "device", "recompute"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["lam_range"] = list(out["lam_range"])
         if out["lam_sampling"] == "uniform":  # checkpoints written before the option existed still resume

@@ -89,9 +89,9 @@ class Learner:
         self.base = {"A": ident, "B": ident} if self.dual else {"B": self.init}
         self.slots = self._make_slots(cont, ste, methods)
         device = torch.device(cfg.device)
-        absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual else None
+        absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual and init is not None else None
         self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
-        self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device)
+        self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device, cfg.recompute)
         eps = self.frozen["A"].part("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
         self.rescale = self.eps0 is not None and SCALE in self.spec.groups

@@ -1,0 +1,133 @@
+"""Peak memory (RSS) of one dual-matching step on Pythia-shaped bf16 pairs, against the endpoints' bytes.
+
+Two random-initialised GPT-NeoX checkpoints of a real shape (`--shape`, optionally `--layers` to vary
+the depth at the same width) are written as bf16 safetensors shard by shard (weights N(0, 0.02), norms
+1 and biases 0: memory does not depend on the values). Each measurement runs in a fresh subprocess:
+`Learner(LazyModel(A), LazyModel(B))` for `--method` at `--dtype` (the endpoints read block by block,
+kept in bf16), then one step (loss at lambda 0.5, backward, Adam on the group parameters); the child
+reports `resource.getrusage(RUSAGE_SELF).ru_maxrss` after building and after the step.
+
+    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b
+    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b --layers 12
+    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-410m
+
+The target (issue 13): peak <= 1.3 x the two endpoints' bytes + 1 GiB, and flat in depth (peak minus
+endpoints about the same at every depth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {  # d_model, layers, heads, FFN, vocabulary
+    "pythia-160m": (768, 12, 12, 3072, 50304),
+    "pythia-410m": (1024, 24, 16, 4096, 50304),
+    "pythia-1.4b": (2048, 24, 16, 8192, 50304),
+}
+GIB = 1024**3
+
+
+def config_for(shape: str, layers: int | None):
+    import transformers
+
+    d, n, h, f, v = SHAPES[shape]
+    config = transformers.GPTNeoXConfig(hidden_size=d, num_hidden_layers=layers or n, num_attention_heads=h,
+                                        intermediate_size=f, vocab_size=v, max_position_embeddings=2048,
+                                        rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False)
+    config.architectures = ["GPTNeoXForCausalLM"]
+    return config
+
+
+def write_random(folder: Path, config, seed: int) -> Path:
+    """A random bf16 checkpoint of `config`, one tensor at a time (never the whole model in float32)."""
+    from symmerge.io import ShardWriter
+    from symmerge.model import expected_tensors
+
+    if (folder / "config.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    writer = ShardWriter(folder, 2 * GIB)
+    for name, shape in expected_tensors(config, "GPTNeoXForCausalLM").items():
+        if "layernorm" in name or "layer_norm" in name:
+            t = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+        elif name.endswith("bias"):
+            t = torch.zeros(shape)
+        else:
+            t = torch.randn(shape, generator=gen) * 0.02
+        writer.add({name.replace("lm_head.", "embed_out."): t.to(torch.bfloat16)})
+    writer.finish()
+    config.save_pretrained(folder)
+    return folder
+
+
+def child(a: str, b: str, method: str, dtype: str, batch: int, seq: int, recompute: str) -> None:
+    """One step in this process; prints a JSON line of peak RSS figures (bytes)."""
+    from symmerge.match.learn_config import LearnConfig
+    from symmerge.match.learner import Learner
+    from symmerge.model import LazyModel
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    # read in float32 (canonical form folded there, then kept in bf16): half the float64 transient of a part
+    ends = LazyModel(a, torch.float32), LazyModel(b, torch.float32)
+    learner = Learner(*ends, LearnConfig(method=method, dtype=dtype, recompute=recompute, progress=False))
+    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t1 = time.perf_counter()
+    opt = torch.optim.Adam(list(learner.trainables().values()), lr=1e-3)
+    ids = torch.randint(0, 50304, (batch, seq), generator=torch.Generator().manual_seed(0))
+    loss = learner.loss({"input_ids": ids, "labels": ids}, 0.5)
+    loss.backward()
+    opt.step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    frozen = sum(f.nbytes() for f in learner.frozen.values())
+    print(json.dumps({"peak_after_build": built, "peak": peak, "frozen_bytes": frozen, "loss": float(loss.detach()),
+                      "build_s": round(t1 - t0, 1), "step_s": round(time.perf_counter() - t1, 1)}), flush=True)
+
+
+def file_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default="/work/runs/blockwise", help="folder for the random checkpoints")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="pythia-1.4b")
+    ap.add_argument("--layers", type=int, default=None, help="depth (default: the shape's)")
+    ap.add_argument("--method", choices=("learned", "dual"), default="dual")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--recompute", default="block", help="block | weights | none (LearnConfig.recompute)")
+    ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(*args.child, args.method, args.dtype, args.batch, args.seq, args.recompute)
+    config = config_for(args.shape, args.layers)
+    name = f"{args.shape}-L{config.num_hidden_layers}"
+    a, b = (write_random(Path(args.root) / f"{name}-{s}", config, s) for s in (0, 1))
+    cmd = [sys.executable, __file__, "--child", str(a), str(b), "--method", args.method, "--dtype", args.dtype,
+           "--batch", str(args.batch), "--seq", str(args.seq), "--recompute", args.recompute]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"the measuring process failed:\n{proc.stderr[-3000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    ends = file_bytes(a) + file_bytes(b)
+    target = 1.3 * ends + GIB
+    print(f"{name} {args.method} {args.dtype} recompute={args.recompute} batch {args.batch}x{args.seq}: endpoints {ends / GIB:.2f} GiB "
+          f"(kept {r['frozen_bytes'] / GIB:.2f} GiB); peak RSS {r['peak'] / GIB:.2f} GiB (after building "
+          f"{r['peak_after_build'] / GIB:.2f}); peak - endpoints {(r['peak'] - ends) / GIB:.2f} GiB; "
+          f"target {target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'MISSED'}; "
+          f"build {r['build_s']} s, step {r['step_s']} s")
+
+
+if __name__ == "__main__":
+    main()
