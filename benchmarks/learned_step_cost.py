@@ -5,13 +5,15 @@ does not depend on the weights). A learned-matching step applies the group eleme
 canonical tensors, interpolates, exports and runs the stock HF forward and backward (gradients to the
 group parameters only), then an Adam step on those parameters. The plain step is `symmerge train`'s
 own step (forward with labels, backward to every weight, gradient clipping, AdamW). Both run
-interleaved (median of `--steps`, after `--warmup` untimed steps each) in float32, with the forward
+interleaved (median of `--steps`, after `--warmup` untimed steps each) in `--dtype` (the plain model
+cast to it; learned: the forward's dtype), one column per `--recompute` mode, with the forward
 half of the batch-independent work timed on its own (elements, their action on the weights,
 interpolation, export: "apply fwd"). That part costs the same at every batch size, so learned / plain
 falls as the batch grows.
 
     PYTHONPATH=src python benchmarks/learned_step_cost.py --arch gpt2 --batches 1,4,16 --steps 3 --threads 1
     # --method dual: continuous groups on both sides (permutations fixed), as `align --method dual`
+    # --dtype bfloat16 --recompute block,weights,none: both steps in bf16, every recompute mode
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from symmerge.match.learn_config import LearnConfig
+from symmerge.match.learn_config import DTYPES, LearnConfig
 from symmerge.match.learner import Learner
 from symmerge.model import load_model
 from symmerge.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
@@ -87,6 +89,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--groups", default="all", help="families learned ('all', or e.g. residual_rotation,qk_map,ov_map)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="of both steps (learned: LearnConfig.dtype)")
+    ap.add_argument("--recompute", default="block,weights", help="LearnConfig.recompute modes timed side by side")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -98,25 +102,32 @@ def main() -> None:
         for seed in (0, 1):
             hf_model(a.arch, preset, seed).save_pretrained(Path(tmp) / str(seed))
             pair.append(load_model(Path(tmp) / str(seed)))
-    learner = Learner(*pair, LearnConfig(method=a.method, groups=groups, dtype="float32"))
+    modes = a.recompute.split(",")
+    learner = Learner(*pair, LearnConfig(method=a.method, groups=groups, dtype=a.dtype, recompute=modes[0]))
     lopt = torch.optim.Adam(list(learner.trainables().values()), lr=1e-3)
-    plain = hf_model(a.arch, preset, 2).train()
+    plain = hf_model(a.arch, preset, 2).to(DTYPES[a.dtype]).train()
     popt = _optimizer(plain, preset, preset.lr)
     n_weights = sum(p.numel() for p in plain.parameters())
     n_group = sum(t.numel() for t in learner.trainables().values())
     print(f"{a.arch} {a.preset} (d={preset.d_model}, layers={preset.layers}, preset batch {preset.batch_size}): "
           f"{n_weights / 1e6:.1f}M weights; {a.method}, {n_group / 1e3:.1f}k group parameters ({a.groups}); "
-          f"threads={torch.get_num_threads()}; median of {a.steps}")
-    print(f"{'batch':>6} {'plain s/step':>13} {'learned s/step':>15} {'learned/plain':>14} {'of which apply fwd s':>21}")
+          f"{a.dtype}; threads={torch.get_num_threads()}; median of {a.steps}")
+    cols = "".join(f" {'recompute=' + m + ' s':>20} {'/plain':>7}" for m in modes)
+    print(f"{'batch':>6} {'plain s/step':>13}{cols} {'of which apply fwd s':>21}")
     gen = torch.Generator().manual_seed(0)
+
+    def learned(mode, b):
+        learner.forward.recompute = mode
+        learned_step(learner, lopt, b)
+
     for bs in sizes:
         batch = make_batch(a.arch, preset, bs, gen)
-        t = median_times({"plain": lambda b=batch: _step(plain, popt, b, preset.lr, preset.clip),
-                          "learned": lambda b=batch: learned_step(learner, lopt, b),
-                          "apply": lambda: apply_only(learner)}, a.steps, a.warmup)
-        print(f"{bs:>6} {t['plain']:>13.3f} {t['learned']:>15.3f} {t['learned'] / t['plain']:>14.2f} {t['apply']:>21.3f}",
-              flush=True)
-
+        fns = {"plain": lambda b=batch: _step(plain, popt, b, preset.lr, preset.clip)}
+        fns.update({m: (lambda b=batch, m=m: learned(m, b)) for m in modes})
+        fns["apply"] = lambda: apply_only(learner)
+        t = median_times(fns, a.steps, a.warmup)
+        row = "".join(f" {t[m]:>20.3f} {t[m] / t['plain']:>7.2f}" for m in modes)
+        print(f"{bs:>6} {t['plain']:>13.3f}{row} {t['apply']:>21.3f}", flush=True)
 
 if __name__ == "__main__":
     main()

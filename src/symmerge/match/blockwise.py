@@ -28,6 +28,9 @@ block modules (none of the supported ones does), or an adapter without `HookPoin
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import sys
 from typing import Callable
 
 import torch
@@ -49,12 +52,28 @@ RECOMPUTE = ("block", "weights", "none")
 PartFn = Callable[[object], Params]
 
 
+@functools.lru_cache(maxsize=1)
+def _large_frees_to_the_os() -> None:
+    """glibc: serve every allocation of 1 MiB or more by its own mapping, so that what a block materialises
+    goes back to the OS when it is freed. With glibc's default (a threshold that rises to 32 MiB as big
+    chunks are freed) the blocks' transients came from the heap, and small long-lived allocations (each
+    block's saved input) between them kept it from shrinking: the RSS of a Pythia-410M-shaped dual step
+    grew by about one block per layer (benchmarks/README.md). Elsewhere nothing is changed."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (also stops the dynamic threshold)
+    except (OSError, AttributeError):
+        pass
+
+
 class Frozen:
     """One endpoint's frozen canonical tensors, part by part, in `dtype` (default: the checkpoint's own) on
     `device`; `transform(part)` (float64, e.g. a fixed group element) is applied before they are kept.
     Peak memory while reading: what is kept plus one part in float64."""
 
     def __init__(self, source, device=None, transform: Callable[[Params], Params] | None = None, dtype=None):
+        _large_frees_to_the_os()  # each part's float64 transient, freed, must not fragment the heap under what is kept
         self.shape, self.spec = source.shape, source.spec
         self.dtype = dtype or source.dtype
         reader = InMemoryParts(source.params) if isinstance(source, Model) else source
@@ -152,6 +171,7 @@ class BlockwiseForward:
             raise SymmergeError(f"recompute must be one of {', '.join(RECOMPUTE)}, not {recompute!r}")
         self.adapter, self.shape, self.dtype, self.device, self.recompute = model.adapter, model.shape, dtype, device, recompute
         self.materialising = False
+        _large_frees_to_the_os()
         hooks = self.adapter.hooks
         if hooks is None or hooks.block is None:
             raise SymmergeError(f"{self.shape.hf_class}: the adapter names no block modules (HookPoints.block); "
@@ -189,8 +209,19 @@ class BlockwiseForward:
         return self._cast(self.adapter.block_from_canonical(part(i), self.shape, i), self.block_keys[i], self.prefixes[i])
 
     def end_state(self, part: PartFn) -> Params:
-        ends = {**part("embed"), **part("final")}
-        return self._cast(self.adapter.ends_from_canonical(ends, self.shape), self.end_keys)
+        """The stock model's parameters outside the blocks (embeddings, final norm, head) from `part`; with
+        recompute="block", what it takes to materialise them is recomputed in the backward (only they are kept)."""
+        names: list[str] = []
+
+        def ends():
+            canonical = {**part("embed"), **part("final")}
+            sd = self._cast(self.adapter.ends_from_canonical(canonical, self.shape), self.end_keys)
+            names[:] = names or list(sd)  # the recomputation returns them in the first call's order
+            return tuple(sd[n] for n in names)
+
+        run = checkpoint if self.recompute == "block" and torch.is_grad_enabled() else (lambda f, **_: f())
+        values = run(ends, use_reentrant=False)
+        return dict(zip(names, values))
 
     def forward(self, part: PartFn, batch: dict, labels: bool = True):
         """The stock model's output on `batch` with the weights `part` gives (with its loss when labelled)."""

@@ -16,7 +16,10 @@ the interpolated model, with every model weight frozen.
   reaches. At the identity start its two sides get opposite copies of the one-sided gradient, so at
   learning rate lr the relative element gA^-1 gB first moves like one-sided learning's at 2 lr (tested).
 
-Loss: the stock HF loss (`evaluate.StockForward`) of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), a fresh
+Loss: the stock HF loss of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), run block by block
+(`blockwise.py`: endpoints frozen in their checkpoint's dtype, each block's weights materialised in
+`dtype` inside the forward and recomputed in the backward; the same figures as `evaluate.StockForward`
+on the whole state dict, tested), a fresh
 lam per step (`lam_sampling="peak"`: half the steps take lam near the grid points where the last
 validation curve stands highest above the straight line, see `learn_loop.peak_lambda`).
 "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity, where every
@@ -31,8 +34,9 @@ returns the best state (the lowest validation barrier; among paths at or below t
 barrier is 0, the one whose highest point stands lowest).
 
 Where each part lives: `learn_config` (the settings, their defaults and checks), `learner` (the
-models, the learned elements and the loss), `learn_loop` (steps, validation, best state, stopping,
-checkpoints), `learn_state` (the checkpoint files); this module holds `learn`, which joins them.
+models, the learned elements and the loss), `blockwise` (the frozen endpoints and the block-wise
+forward), `learn_loop` (steps, validation, best state, stopping, checkpoints), `learn_state` (the
+checkpoint files); this module holds `learn`, which joins them.
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ class Learner:
         ident = identity_element(self.spec)
         self.base = {"A": ident, "B": ident} if self.dual else {"B": self.init}
         self.slots = self._make_slots(cont, ste, methods)
+        self.identity = ident
         device = torch.device(cfg.device)
         absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual and init is not None else None
         self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
@@ -140,10 +141,13 @@ class Learner:
 
     def prepared(self, g: dict) -> dict:
         """An element as it acts in the forward: continuous maps with their inverse transposes worked out
-        in float64 and cast to the forward's dtype and device (`apply.Prepared`), permutations moved there."""
+        in float64 and cast to the forward's dtype and device (`apply.Prepared`), permutations moved there;
+        fixed groups at the identity left out."""
         dt, dev = self.forward.dtype, self.forward.device
         out = {}
         for n, t in g.items():
+            if n in self.fixed_groups and torch.equal(t, self.identity[n]):
+                continue  # a fixed group at the identity (dual: the absorbed permutations) acts as nothing: skip the copies
             if isinstance(t, StraightThrough):
                 out[n] = StraightThrough(t.index.to(dev), t.latent.to(dev))
             elif t.is_floating_point():
