@@ -46,13 +46,12 @@ def register(sub) -> None:
 
 
 def load_data(args, matcher, opts):
-    """registry.Data for a data-driven matcher (train batches; validation batches where it validates)."""
+    """registry.Data for a data-driven matcher (train batches; validation batches where it validates).
+    `run` has already refused a data-driven method without --data."""
     from ..data import load_batches
 
     if not matcher.needs_data:
         return None
-    if not args.data:
-        raise SymmergeError(f"merge --method {args.method} needs --data PATH (a data set to run the models on)")
     first = args.models[0]
     train = load_batches(first, args.data, "train", args.batch_size, args.seq_len, args.max_batches)
     val = (load_batches(first, args.data, "validation", args.batch_size, args.seq_len, opts["val_batches"])
