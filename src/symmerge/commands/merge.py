@@ -36,7 +36,7 @@ def register(sub) -> None:
         add_option(p, opt, f"weight matching: {opt.help}")
     for name in LEARN_OPTIONS:
         opt = registry.OPTIONS[name]
-        add_option(p, opt, f"learned/dual: {opt.help}")
+        add_option(p, opt, f"learned/dual (merge uses the {registry.MANY_RECIPE} recipe): {opt.help}")
     for opt in registry.MANY_OPTIONS.values():
         add_option(p, opt, opt.help)
     p.add_argument("--json", default=None, help="write the report (objective per round, rounds, groups found) here")
