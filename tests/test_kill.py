@@ -9,6 +9,7 @@ the temporary folder at once); a SIGKILL is not, so the litter is removed by the
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -41,7 +42,17 @@ def _interpolate(m, o):
 
 
 def _merge(m, o):
-    return ["merge", str(m["a"]), str(m["b"]), "-o", o, "--max-rounds", "1", "--max-iters", "1"]
+    """OUT and, as one unit with it, `--aligned` OUT-aligned (a sibling: the test's folder holds both)."""
+    return ["merge", str(m["a"]), str(m["b"]), "-o", o, "--aligned", f"{o}-aligned", "--max-rounds", "1", "--max-iters", "1"]
+
+
+def _aligned(out: Path) -> Path:
+    return out.with_name(f"{out.name}-aligned")
+
+
+def _aligned_writing(out: Path) -> bool:
+    """The merge has written OUT's temporary folder and is writing the aligned models'."""
+    return _writing(_aligned(out))
 
 
 def _started(out: Path) -> bool:
@@ -60,6 +71,7 @@ KILLS = [
     ("interpolate", _interpolate, _started, signal.SIGKILL),
     ("merge", _merge, _started, signal.SIGKILL),
     ("merge", _merge, _writing, signal.SIGKILL),
+    ("merge", _merge, _aligned_writing, signal.SIGKILL),
 ]
 
 
@@ -78,10 +90,13 @@ def test_killed_write_leaves_no_output_and_the_next_run_no_litter(name, argv_of,
     proc.wait(timeout=120)
     assert proc.returncode != 0, f"{name} finished before the signal landed (the test's kill window was missed)"
     assert not out.exists(), "a killed run left an output"
+    assert not _aligned(out).exists(), "a killed merge left its --aligned folder"
     if sig == signal.SIGTERM:  # handled: the temporary folders are removed at once
         assert not list(tmp_path.glob(".out*")), "SIGTERM left a temporary folder"
     assert main(argv_of(big, str(out))) == 0
     assert out.is_dir() and not leftovers(out) and not list(tmp_path.glob(".*")), "the next run left litter"
+    if name == "merge":
+        assert (_aligned(out) / "2" / "config.json").is_file() and not leftovers(_aligned(out))
 
 
 def test_stale_temporary_folders_are_cleaned_and_a_hidden_old_output_restored(tmp_path):
@@ -101,3 +116,43 @@ def test_stale_temporary_folders_are_cleaned_and_a_hidden_old_output_restored(tm
     old.mkdir()
     clean_stale(out)  # the target exists: the old copy is just removed
     assert not old.exists() and (out / "config.json").is_file()
+
+
+@pytest.mark.parametrize("renamed", [0, 1, 2])
+@pytest.mark.parametrize("cleaned", ["out", "dir"])
+def test_a_commit_of_two_folders_killed_between_its_renames_is_finished(tmp_path, renamed, cleaned):
+    """`merge -o OUT --aligned DIR` commits both as one unit (`atomic.AtomicFolders`). A SIGKILL after
+    its journals are written and `renamed` of the two renames are done (the kill window the test above
+    cannot hit: microseconds) is finished by the next clean of either folder: both new, no old copy, no
+    journal or temporary folder left. Negative control: without the journals (a kill before them),
+    nothing is committed and the temporary folders just go."""
+    from symmerge import atomic
+
+    dead = 2**22 + 54321  # no such process
+    out, folder = tmp_path / "out", tmp_path / "sub" / "dir"
+    tmps = [tmp_path / f".out.tmp-{dead}-a", tmp_path / "sub" / f".dir.tmp-{dead}-b"]
+    for target, tmp in zip((out, folder), tmps):
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("old")
+        tmp.mkdir()
+        (tmp / "config.json").write_text("new")
+    journals = [atomic._journal(out, dead), atomic._journal(folder, dead)]
+    record = {"pid": dead, "pairs": [[str(t), str(d)] for t, d in zip(tmps, (out, folder))],
+              "journals": [str(j) for j in journals]}
+    for j in journals:
+        j.write_text(json.dumps(record))
+    for tmp, target in list(zip(tmps, (out, folder)))[:renamed]:
+        atomic._replace(tmp, target, dead)
+    if renamed == 1:  # and the second is half done: its old copy moved aside
+        folder.rename(atomic._old(folder, dead))
+    atomic.clean_stale(out if cleaned == "out" else folder)
+    assert (out / "config.json").read_text() == "new" and (folder / "config.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sub"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["dir"]
+    # negative control: the same state before the journals were written rolls back
+    for tmp in tmps:
+        tmp.mkdir()
+        (tmp / "config.json").write_text("newer")
+    atomic.clean_stale(out)
+    atomic.clean_stale(folder)
+    assert (out / "config.json").read_text() == "new" and not any(t.exists() for t in tmps)

@@ -5,13 +5,9 @@ Never unpickles: a folder with only `pytorch_model.bin` is refused with instruct
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
@@ -19,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from . import SymmergeError
+from .atomic import AtomicFolder, AtomicFolders, clean_stale, remove_pending  # noqa: F401  (the writers' home)
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -159,108 +156,6 @@ def _refuse_overlap(out: Path, src: Path, force: bool) -> None:
         raise SymmergeError(f"output {out} lies inside the input {src}; inputs are never modified: choose another output folder")
     if o in s.parents and force:
         raise SymmergeError(f"--force would replace {out}, which holds the input {src}; choose another output folder")
-
-
-def _stale(target: Path, kind: str) -> list[Path]:
-    """`.<name>.<kind>-<pid>-*` siblings of `target` left by processes that no longer run (and the
-    pid-less names of earlier versions)."""
-    found = []
-    for p in target.parent.glob(f".{target.name}.{kind}-*") if target.parent.is_dir() else ():
-        pid = p.name[len(f".{target.name}.{kind}-"):].split("-")[0]
-        if not (pid.isdigit() and _alive(int(pid))):
-            found.append(p)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def clean_stale(target: str | os.PathLike) -> None:
-    """Undo what a killed write into `target` left behind: its temporary folders go; an old output
-    that a kill between `AtomicFolder`'s two renames left hidden is put back when `target` is missing
-    (the new output was never completed), and removed otherwise."""
-    target = Path(target)
-    for tmp in _stale(target, "tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    for old in _stale(target, "old"):
-        if not target.exists():
-            old.rename(target)
-        else:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-#: temporary folders of writes in progress in this process (removed by `remove_pending` on the way out)
-_PENDING: set[Path] = set()
-
-
-@contextlib.contextmanager
-def _signals_deferred():
-    """SIGINT/SIGTERM wait until the block is done (main thread only), so that no interruption lands
-    between creating a folder and recording it, or between the two renames that replace a target."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-
-
-def remove_pending() -> None:
-    """Remove the temporary folders of writes this process started and did not finish."""
-    for tmp in list(_PENDING):
-        shutil.rmtree(tmp, ignore_errors=True)
-        _PENDING.discard(tmp)
-
-
-class AtomicFolder:
-    """Write into a temporary sibling folder; rename onto the target only when everything succeeded.
-
-    The temporary folder and, while it is replaced, the old target are named `.<name>.tmp-<pid>-*` and
-    `.<name>.old-<pid>`. An interrupted run (exception, Ctrl-C, SIGTERM) removes its temporary folder;
-    one killed outright (SIGKILL) leaves at most those two, and the next write into the same target
-    removes them or restores the old target (`clean_stale`)."""
-
-    def __init__(self, target: Path):
-        self.target = Path(target)
-
-    def __enter__(self) -> Path:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale(self.target)
-        with _signals_deferred():
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-{os.getpid()}-", dir=self.target.parent))
-            _PENDING.add(self.tmp)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            _PENDING.discard(self.tmp)
-            return False
-        umask = os.umask(0)
-        os.umask(umask)
-        self.tmp.chmod(0o777 & ~umask)  # mkdtemp makes the folder private; outputs get the usual permissions
-        with _signals_deferred():
-            if self.target.exists():
-                old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-                self.target.rename(old)
-                self.tmp.rename(self.target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                self.tmp.rename(self.target)
-            _PENDING.discard(self.tmp)
-        return False
 
 
 class ShardWriter:

@@ -9,7 +9,7 @@ data-driven methods; OUT and the aligned folder apart from the inputs and each o
 dual matching hold the models in memory), writes OUT part by part as the weighted mean of `g_i·M_i`
 (`stream.write_streaming`), and with `aligned` each `g_i·M_i` (its input's function exactly, up to
 storage rounding; a narrow input in the widest config) to `aligned/<i>` (1-based, in the order given),
-all atomically."""
+written as one unit (`atomic.AtomicFolders`: both complete, or neither)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 
 from . import SymmergeError
 from .apply import apply
+from .io import AtomicFolders
 from .match import registry
 from .match.many import MeanParts
 
@@ -137,30 +138,30 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
            "gauge_of": names[ref], **result.figures,
            "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
     meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}
-    write_streaming(MeanView(models, result.elements, w), lambda part: part, out, force=force, extra=meta,
-                    progress=progress, dtype=dtype)
-    if aligned is not None:
-        _write_aligned(models, result.elements, aligned, force, meta, progress, w, dtype, ref)
+    with AtomicFolders([out] if aligned is None else [out, aligned]) as tmps:  # OUT and DIR: one unit
+        write_streaming(MeanView(models, result.elements, w), lambda part: part, out, extra=meta,
+                        progress=progress, dtype=dtype, into=tmps[0])
+        if aligned is not None:
+            _write_aligned(models, result.elements, aligned, tmps[1], meta, progress, w, dtype, ref)
     return rep
 
 
-def _write_aligned(models, elements, folder, force: bool, meta: dict, progress: bool, weights: list[float],
+def _write_aligned(models, elements, folder, tmp: Path, meta: dict, progress: bool, weights: list[float],
                    dtype=None, ref: int = 0) -> None:
-    """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), atomically,
-    in the norm gauge of input `ref` (one of the shared config); `folder/mergekit.yml` is their weighted mean."""
+    """Each `g_i·M_i` as a stock checkpoint of its input's class, in `folder/<i>` (1-based), written into
+    `tmp` (the temporary folder that becomes `folder`), in the norm gauge of input `ref` (one of the
+    shared config); `folder/mergekit.yml` is their weighted mean."""
     from .gauge import side_files
-    from .io import AtomicFolder, prepare_output
     from .model import reference_gauge
     from .stream import write_streaming
 
-    folder = prepare_output(folder, force)
     gauge = reference_gauge(models[ref].path)
-    with AtomicFolder(folder) as tmp:
-        if gauge is not None:
-            outs = [Path(folder).resolve() / str(i) for i in range(1, len(models) + 1)]
-            for name, text in side_files(outs, outs[0], dtype or models[0].dtype, weights).items():
-                (tmp / name).write_text(text)
-        for i, (m, g) in enumerate(zip(models, elements), start=1):
-            extra = {**m.meta, "merge_aligned": {**meta["merge"], "index": i, "input": str(m.path)}}
-            write_streaming(m, lambda part, m=m, g=g: apply(m.spec, g, part), tmp / str(i), extra=extra,
-                            progress=progress, gauge=gauge, dtype=dtype)
+    if gauge is not None:
+        outs = [Path(folder).resolve() / str(i) for i in range(1, len(models) + 1)]
+        for name, text in side_files(outs, outs[0], dtype or models[0].dtype, weights).items():
+            (tmp / name).write_text(text)
+    for i, (m, g) in enumerate(zip(models, elements), start=1):
+        extra = {**m.meta, "merge_aligned": {**meta["merge"], "index": i, "input": str(m.path)}}
+        (tmp / str(i)).mkdir()
+        write_streaming(m, lambda part, m=m, g=g: apply(m.spec, g, part), Path(folder) / str(i), extra=extra,
+                        progress=progress, gauge=gauge, dtype=dtype, into=tmp / str(i))

@@ -8,6 +8,7 @@ the depth.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Callable
@@ -25,11 +26,12 @@ Params = dict[str, torch.Tensor]
 def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out, force: bool = False,
                     dtype: torch.dtype | None = None, extra: dict | None = None,
                     max_shard_bytes: int = 2 * 1024**3, progress: bool = True, gauge=None,
-                    side: dict[str, str] | None = None) -> Path:
+                    side: dict[str, str] | None = None, into: Path | None = None) -> Path:
     """Export `transform(part)` for each part of `model` (ends, then each block) as a stock checkpoint,
     in the norm gauge of a reference if `gauge` is given (`gauge.py`), else in canonical form; `side`:
-    more files (name -> text) written into OUT."""
-    out = prepare_output(out, force)
+    more files (name -> text) written into OUT. `into`: an empty folder the caller made (the temporary
+    folder of a write it commits, `io.AtomicFolders`), written directly, `out` then only named."""
+    out = prepare_output(out, force) if into is None else Path(out)
     dtype = dtype or model.dtype
     ends = transform(model.ends())
     probe = _bias_probe(model, ends, None if gauge is None else lambda block: gauge.canonical(transform(block), model.shape)[0])
@@ -42,7 +44,7 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
         sd = keep_expected(export_part(model.adapter, model.shape, part, gauge, key), config, cls, partial=True)
         return {k: v.to(dtype=dtype, copy=True) for k, v in model.adapter.saved(sd).items()}
 
-    with AtomicFolder(out) as tmp:
+    with AtomicFolder(out) if into is None else contextlib.nullcontext(Path(into)) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes)
         writer.add(exported(ends, "ends"))
         for i in tqdm(range(model.shape.n_layers), desc="writing", unit="block", disable=not progress):
