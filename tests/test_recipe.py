@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from symmerge.match.learn_plan import plan_line
 from symmerge.match.learn_report import after_best, end_line
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
-from symmerge.match.lr_search import BUDGET, MIN_STEPS, candidates, choose_lr, plan, search_units
+from symmerge.match.lr_search import BUDGET, EVAL_SHARE, MIN_STEPS, candidates, choose_lr, plan, search_steps
 from symmerge.spec import random_element
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
@@ -38,7 +39,7 @@ def _planted(pair):
 
 
 def _auto(**kw) -> LearnConfig:
-    base = dict(groups=CONTINUOUS, steps=40, eval_every=20, grid_points=5, lam_range=(0.4, 0.6), lr="auto",
+    base = dict(groups=CONTINUOUS, steps=50, eval_every=25, grid_points=5, lam_range=(0.4, 0.6), lr="auto",
                 val_batches=None, progress=False)
     return LearnConfig(**{**base, **kw})
 
@@ -47,22 +48,58 @@ def _without_time(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "seconds"}
 
 
-@pytest.mark.parametrize("units", [1000, 1310, 5000, 10**5, 10**7])
-@pytest.mark.parametrize("points", [3, 5, 11])
-def test_lr_search_plan_costs_at_most_a_tenth(units, points):
-    """The planned search costs at most BUDGET of the run, in batch forwards, or is refused when
-    it cannot afford MIN_STEPS steps per rate; more run, more search."""
-    n_val = 50
+@pytest.mark.parametrize("run_steps", [100, 449, 450, 981, 5000, 10**5, 10**7])
+@pytest.mark.parametrize("n_val", [1, 7, 55])
+def test_lr_search_plan_costs_at_most_a_tenth(run_steps, n_val):
+    """The planned search costs at most BUDGET of the run's own training steps (its evaluations counted
+    as steps, at most EVAL_SHARE of it), or is refused when it cannot afford MIN_STEPS steps per rate;
+    more run, more search."""
     try:
-        k, n = plan(units, n_val, points, 5)
+        k, n = plan(run_steps, n_val, 5)
     except SymmergeError as e:
-        assert "needs a longer run" in str(e) and units < 1310 + 1
+        assert "needs a longer run" in str(e) and run_steps < 450
         return
-    assert search_units(k, n, points, 5) <= BUDGET * units and k >= MIN_STEPS and 1 <= n <= n_val
-    k2, n2 = plan(units * 10, n_val, points, 5)
+    assert search_steps(k, n, 5) <= BUDGET * run_steps and k >= MIN_STEPS and 1 <= n <= n_val
+    assert n == 1 or search_steps(0, n, 5) <= EVAL_SHARE * BUDGET * run_steps
+    k2, n2 = plan(run_steps * 10, n_val, 5)
     assert k2 > k and n2 >= n
     with pytest.raises(SymmergeError, match="needs a longer run"):
-        plan(100, n_val, points, 5)
+        plan(449, n_val, 5)
+
+
+def test_lr_search_costs_what_it_counts_and_repeats_for_a_seed(pair, monkeypatch):
+    """At the real budget, for a run of 600 steps (the search alone runs): the training steps and
+    evaluated batches the search really takes, counted as `search_steps` counts them (a λ point on n
+    batches as ceil(n·r / 3) steps, r = 2 the validation batches' size over the training ones'), equal
+    the record's cost and are at most a tenth of the run's steps.
+    The same seed gives the same choice and record (timing aside); another seed other barriers."""
+    from symmerge.match import learn_loop
+
+    a, b = _planted(pair)
+    train, val = lm_batches(4, 0), lm_batches(9, 1, size=8)  # validation batches twice the training ones
+    cfg = dataclasses.replace(_auto(), steps=600, eval_every=60)
+    counted = {"steps": 0, "eval": 0}
+    real_step, real_curve = learn_loop.Run.train_step, Learner.curve
+
+    def step(self, i, stop=False):
+        counted["steps"] += 1
+        return real_step(self, i, stop)
+
+    def curve(self, batches, lams):
+        rows = sum(x["input_ids"].numel() for x in batches) / train[0]["input_ids"].numel()
+        counted["eval"] += len(lams) * math.ceil(rows / lr_search.FORWARDS_PER_STEP)
+        return real_curve(self, batches, lams)
+
+    monkeypatch.setattr(learn_loop.Run, "train_step", step)
+    monkeypatch.setattr(Learner, "curve", curve)
+    lr, record = choose_lr(Learner(a, b, _auto(), None), train, val, cfg)
+    assert counted["steps"] == 5 * record["steps_each"] and record["steps_each"] >= MIN_STEPS
+    assert counted["steps"] + counted["eval"] == record["cost_steps"] <= BUDGET * 600 == BUDGET * record["run_steps"]
+    assert lr == record["chosen"] and 1 <= record["val_batches"] <= len(val)
+    again_lr, again = choose_lr(Learner(a, b, _auto(), None), train, val, cfg)
+    assert again_lr == lr and _without_time(again) == _without_time(record)
+    _, other = choose_lr(Learner(a, b, _auto(seed=3), None), train, val, dataclasses.replace(cfg, seed=3))
+    assert other["excess"] != record["excess"]
 
 
 def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
@@ -81,11 +118,11 @@ def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
     assert search["chosen"] == search["rates"][scores.index(min(scores))]
     assert min(scores) < search["start_excess"], "no rate improved on the start: the search shows nothing"
     assert len(set(scores)) == len(scores), "rates scored alike: the search does not tell them apart"
-    assert search["units"] <= search["run_units"] and search["steps_each"] >= MIN_STEPS
+    assert search["cost_steps"] <= search["run_steps"] and search["steps_each"] >= MIN_STEPS
     assert f"lr {search['chosen']:.3g} (--lr auto" in rep["end_line"]
     assert f"--lr auto chose {search['chosen']:.3g}" in plan_line(rep["plan"])  # printed before the run
     # the same seed again, the search alone: the same record
-    resolved = dataclasses.replace(_auto(), eval_every=20)
+    resolved = dataclasses.replace(_auto(), eval_every=25)
     _, again = choose_lr(Learner(a, b, _auto(), None), train, val, resolved)
     assert _without_time(again) == _without_time(search)
     _, other = choose_lr(Learner(a, b, _auto(seed=3), None), train, val, dataclasses.replace(resolved, seed=3))

@@ -257,11 +257,11 @@ def _affordable_rate(args, matcher, families, opts, data) -> str | None:
     recipe's `auto` on such a run (a tiny data set) becomes the method's fixed rate, and the note
     returned says so (it goes into the report and the end-of-run line)."""
     from ..match.learn_config import DEFAULT_LR
-    from ..match.lr_search import check_budget
+    from ..match.lr_search import check_budget, size_ratio
 
     try:
         check_budget(registry.learn_config(matcher.name, families, opts, progress=False), len(data.train),
-                     len(data.val))
+                     len(data.val), size_ratio(data.train, data.val))
     except SymmergeError:
         if args.lr is not None:
             raise

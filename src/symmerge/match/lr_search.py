@@ -3,16 +3,22 @@
 Each rate of `candidates(method)` (`LR_FACTORS` times the method's `DEFAULT_LR`: half-decades over two
 orders of magnitude) runs a short run of `k` steps from the run's start, with the run's own batches
 and λ draws (those of steps 0..k-1 for the run's seed, λ uniform over the range) and a cosine decay
-over the k steps, so each is a complete small run at that rate. Its validation curve on the first
-`n` validation batches is then measured on the run's grid, and the rate whose path stands lowest
-above the straight line (`barrier.highest_excess`, the rule that picks the best state) is chosen;
-ties go to the smaller rate, a diverged run scores +inf. Everything is a function of the seed and the
-data, so the choice is deterministic for a seed (on one machine and thread count, as the run is).
+over the k steps, so each is a complete small run at that rate. Its path is then measured on the first
+`n` validation batches at the interior points of a `PROBE_POINTS`-point grid (λ = 1/4, 1/2, 3/4; the
+endpoints once for all rates), and the rate whose path stands lowest above the straight line
+(`barrier.highest_excess`, the rule that picks the best state) is chosen; ties go to the smaller rate,
+a diverged run scores +inf. Everything is a function of the seed and the data, so the choice is
+deterministic for a seed (on one machine and thread count, as the run is).
 
-Cost: the search is planned in forward passes of one batch (`UNITS_PER_STEP` for a training step,
-one per grid point and validation batch for an evaluation) to cost at most `BUDGET` of the run it
-chooses for, half of it for the short runs' evaluations and the rest for their steps; a run too short
-to afford `MIN_STEPS` steps per rate and one validation batch is refused (give `--lr`).
+Cost, counted in the run's own training steps: the search's short-run steps, plus its evaluations
+counted as steps (a λ point on `n` batches as ceil(n·r / 3) steps, r the validation batches' size over
+the training batches' (`size_ratio`), since a step is a forward, a backward of about twice its cost and
+a materialisation of the path's weights with gradients, where an evaluation is a forward per batch and
+one materialisation without), is at most
+`BUDGET` of the run's steps alone, its own evaluations not counted; at most `EVAL_SHARE` of that goes
+to the evaluations. So the search costs at most a tenth of the run's wall time, whatever the run's
+evaluations cost. A run too short to afford `MIN_STEPS` steps per rate and one validation batch is
+refused (give `--lr`).
 
 Where it fails: a short run favours rates that move fast, so on a pair where the long run wants a
 lower rate than its first steps do, the choice is too high by a half-decade or so; the report lists
@@ -33,7 +39,9 @@ from ..evaluate import grid
 from .learn_config import DEFAULT_LR, LR_FACTORS, LearnConfig
 
 BUDGET = 0.1
-UNITS_PER_STEP = 3  # a training step: forward and backward, about three forwards
+EVAL_SHARE = 1 / 3
+FORWARDS_PER_STEP = 3  # a training step: forward and backward (about two forwards), and more
+PROBE_POINTS = 5  # the probes' grid: 0, 1/4, 1/2, 3/4, 1
 MIN_STEPS = 5
 
 
@@ -41,40 +49,50 @@ def candidates(method: str) -> list[float]:
     return [DEFAULT_LR[method] * f for f in LR_FACTORS]
 
 
-def run_units(steps: int, eval_every: int, n_val: int, points: int) -> int:
-    """Forward passes of one batch in a run: its steps, its evaluations (step 0, every `eval_every`
-    steps and the last) over the interior grid, and the endpoints once."""
-    evaluations = 1 + steps // eval_every + (1 if steps % eval_every else 0)
-    return UNITS_PER_STEP * steps + evaluations * (points - 2) * n_val + 2 * n_val
+def size_ratio(train: list[dict], val: list[dict]) -> float:
+    """How much larger a validation batch is than a training batch (elements of the first tensor of
+    each: tokens, or image pixels), the largest validation batch against the smallest training one."""
+    def size(batch: dict) -> int:
+        return next(iter(batch.values())).numel()
+
+    return max(size(b) for b in val) / min(size(b) for b in train)
 
 
-def plan(units: int, n_val: int, points: int, n_rates: int) -> tuple[int, int]:
-    """(steps per rate, validation batches) of a search costing at most BUDGET x `units`."""
-    budget = BUDGET * units
-    per_batch = (n_rates + 1) * (points - 2) + 2  # the start and every rate, endpoints once
-    n = min(n_val, int(budget / 2 // per_batch))
-    k = int((budget - n * per_batch) // (UNITS_PER_STEP * n_rates))
-    if n < 1 or k < MIN_STEPS:
-        need = math.ceil((per_batch + UNITS_PER_STEP * n_rates * MIN_STEPS) / BUDGET)
-        raise SymmergeError(f"--lr auto needs a longer run: its search costs at most a tenth of the run, which "
-                            f"here is {units} batch forwards (at least {need} needed); give --lr RATE or a longer run "
-                            "(more --steps or --epochs)")
+def eval_steps(n_batches: int, points: int, ratio: float = 1.0) -> int:
+    """An upper bound, in training steps, of evaluating `points` λ values on `n_batches` batches, each
+    `ratio` times a training batch's size."""
+    return points * math.ceil(n_batches * ratio / FORWARDS_PER_STEP - 1e-9)
+
+
+def search_steps(k: int, n: int, n_rates: int, ratio: float = 1.0) -> int:
+    """What a search of `k` steps per rate, measured on `n` validation batches, costs in training steps:
+    the short runs, the interior probe points for the start and after every rate, the endpoints once."""
+    return n_rates * k + (n_rates + 1) * eval_steps(n, PROBE_POINTS - 2, ratio) + eval_steps(n, 2, ratio)
+
+
+def plan(run_steps: int, n_val: int, n_rates: int, ratio: float = 1.0) -> tuple[int, int]:
+    """(steps per rate, validation batches) of a search costing at most BUDGET x `run_steps` training
+    steps (`search_steps`), at most EVAL_SHARE of it in evaluations."""
+    budget = math.floor(BUDGET * run_steps)
+    n = 1
+    while n < n_val and search_steps(0, n + 1, n_rates, ratio) <= EVAL_SHARE * budget:
+        n += 1
+    k = (budget - search_steps(0, n, n_rates, ratio)) // n_rates
+    if k < MIN_STEPS:
+        need = math.ceil((n_rates * MIN_STEPS + search_steps(0, 1, n_rates, ratio)) / BUDGET)
+        raise SymmergeError(f"--lr auto needs a longer run: its search costs at most a tenth of the run's "
+                            f"{run_steps} steps, and needs a run of at least {need}; give --lr RATE or a longer "
+                            "run (more --steps or --epochs)")
     return k, n
 
 
-def check_budget(cfg: LearnConfig, n_train: int, n_val: int) -> None:
+def check_budget(cfg: LearnConfig, n_train: int, n_val: int, ratio: float = 1.0) -> None:
     """Refuse, before any work, an `lr="auto"` run too short to afford its search (with `n_val`
-    validation batches given; `choose_lr` checks again with the number the run uses)."""
+    validation batches given, `ratio` times a training batch's size; `choose_lr` checks again with the
+    batches the run uses)."""
     if cfg.lr != "auto":
         return
-    steps = cfg.run_steps(n_train)
-    n = n_val if not isinstance(cfg.val_batches, int) else min(cfg.val_batches, n_val)
-    plan(run_units(steps, cfg.run_eval_every(steps), n, cfg.grid_points), n, cfg.grid_points,
-         len(candidates(cfg.method)))
-
-
-def search_units(k: int, n: int, points: int, n_rates: int) -> int:
-    return UNITS_PER_STEP * k * n_rates + ((n_rates + 1) * (points - 2) + 2) * n
+    plan(cfg.run_steps(n_train), n_val, len(candidates(cfg.method)), ratio)
 
 
 def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> tuple[float, dict]:
@@ -83,10 +101,10 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
     from .learn_loop import Run
 
     rates = candidates(cfg.method)
-    units = run_units(cfg.steps, cfg.eval_every, len(val), cfg.grid_points)
-    k, n = plan(units, len(val), cfg.grid_points, len(rates))
+    ratio = size_ratio(train, val)
+    k, n = plan(cfg.steps, len(val), len(rates), ratio)
     t0 = time.perf_counter()
-    lams, sub = grid(cfg.grid_points), val[:n]
+    lams, sub = grid(PROBE_POINTS), val[:n]
     start = {name: t.detach().clone() for name, t in learner.trainables().items()}
     own = learner.cfg
     ends = learner.curve(sub, [0.0, 1.0])
@@ -113,7 +131,9 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
     best = min(range(len(rates)), key=lambda i: (scores[i], rates[i]))
     record = {"rates": rates, "excess": [_json(x) for x in scores], "barriers": [_json(max(x, 0.0)) for x in scores],
               "diverged": diverged, "start_excess": _json(excess[0]), "chosen": rates[best], "steps_each": k,
-              "val_batches": n, "units": search_units(k, n, cfg.grid_points, len(rates)), "run_units": units,
+              "val_batches": n, "probe_points": PROBE_POINTS, "cost_steps": search_steps(k, n, len(rates), ratio),
+              "val_size_ratio": ratio,
+              "run_steps": cfg.steps,
               "seconds": round(time.perf_counter() - t0, 3)}
     return rates[best], record
 
