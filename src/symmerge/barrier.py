@@ -16,11 +16,11 @@ import math
 import time
 
 import torch
-from tqdm import tqdm
 
 from .evaluate import StockForward, grid, interpolate
 from .merge import check_compatible
 from .model import Model
+from .progress import tqdm
 
 
 def above_line(lams: list[float], values: list[float]) -> list[float]:

@@ -24,11 +24,11 @@ import math
 import time
 
 import torch
-from tqdm import tqdm
 
 from .barrier import summarise
 from .evaluate import StockForward
 from .model import Model
+from .progress import tqdm
 
 
 def mix(models: list[Model], alpha: list[float]) -> dict[str, torch.Tensor]:

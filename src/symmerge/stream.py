@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm import tqdm
 
 from .gauge import export_part, tied_scale
 from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
 from .model import LazyModel, keep_expected
+from .progress import tqdm
 
 Params = dict[str, torch.Tensor]
 

@@ -236,7 +236,7 @@ def _step(model, opt, batch: dict, lr: float, clip: float, dtype: torch.dtype, s
 
 
 def _loop(args, p, model, opt, items, state_dir, skeleton, info) -> dict:
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     steps, bs, lr0 = info["run"]["steps"], info["run"]["batch_size"], info["run"]["lr"]
     n = len(items["labels"])

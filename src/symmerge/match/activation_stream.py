@@ -159,7 +159,7 @@ def activation_match_streaming(a, b, batches: list[dict], families: list[str] | 
 
     `a`, `b`: `LazyModel`s (or `Model`s); `dtype`: the forward's precision (float64: today's in-memory
     path to rounding; float32 at scale). Batches are taken in order until `max_tokens` tokens are reached."""
-    from tqdm.auto import tqdm
+    from ..progress import tqdm
 
     start = time.perf_counter()
     ra, rb = Runner(a, dtype), Runner(b, dtype)

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import SymmergeError, distributed
 from ..barrier import above_line, highest_excess, line_barrier
 from ..evaluate import grid
+from ..progress import tqdm
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
 from .learner import Learner
 

@@ -31,13 +31,13 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import StraightThrough, apply
 from ..evaluate import StockForward
 from ..model import Model
+from ..progress import tqdm
 from ..spec import Spec, compose, identity_element
 from .learn_config import DTYPES, LearnConfig
 from .learner import Slot, lap

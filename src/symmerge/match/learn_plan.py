@@ -17,10 +17,9 @@ import math
 import time
 from dataclasses import replace
 
-from tqdm.auto import tqdm
-
 from ..barrier import above_line
 from ..evaluate import grid, mean_se
+from ..progress import tqdm
 from .learn_config import VAL_SE, LearnConfig
 
 #: validation batches whose spread estimates the standard error for "auto" (the first ones given)

@@ -104,7 +104,7 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
     `g0` where the matcher takes a start (None: from the identity); `value_of(elements)` is the objective
     (higher is better), recomputed over every model. A new element is kept only if the objective does
     not decrease, so the history never decreases."""
-    from tqdm.auto import tqdm
+    from ..progress import tqdm
 
     start = time.perf_counter()
     elements = [dict(identity) for _ in range(n)]

@@ -83,9 +83,8 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     matrices that propose assignments from bfloat16 operands (`weight_products`; faster on CPUs with
     AMX; candidates are still judged exactly); None: in `dtype`.
     """
-    from tqdm.auto import tqdm
-
     from ..model import part_keys
+    from ..progress import tqdm
 
     start = time.perf_counter()
     src_a, src_b = sources(A, B, dtype)
