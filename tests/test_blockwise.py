@@ -64,9 +64,9 @@ def gaps(got, ref, dtype) -> tuple[float, float]:
 
 def reversed_blocks(part, n_layers: int):
     """A part function that feeds block i the tensors of block n-1-i (the wrong block order)."""
-    def wrong(key):
+    def wrong(key, rows=None):
         if not isinstance(key, int):
-            return part(key)
+            return part(key, rows)
         j = n_layers - 1 - key
         return {k.replace(f"blocks.{j}.", f"blocks.{key}.", 1): v for k, v in part(j).items()}
     return wrong
@@ -79,6 +79,8 @@ def test_blockwise_loss_and_gradients_equal_the_plain_path(pairs, arch, method):
     batch = batch_for(arch)
     for dtype_name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         learner = Learner(a, b, quick(method=method, dtype=dtype_name), init)
+        if dtype_name == "bfloat16":
+            learner.forward.head_rows = 7  # the head in chunks of 7 rows (the default takes these heads whole)
         ref = loss_and_grads(learner, plain_loss(a, learner, batch, LAM))
         assert all(float(g.abs().max()) > 0 for g in ref[1]), "every slot gets a gradient on the plain path"
         d_loss, d_grad = gaps(loss_and_grads(learner, learner.loss(batch, LAM)), ref, dtype)
@@ -101,6 +103,7 @@ def test_what_the_backward_recomputes_changes_nothing(pairs, arch):
     a, b, init = pairs[arch]
     batch = batch_for(arch)
     learner = Learner(a, b, quick(method="learned"), init)
+    learner.forward.head_rows = 4
     runs = {}
     for mode in ("none", "block", "weights"):
         learner.forward.recompute = mode
@@ -109,6 +112,75 @@ def test_what_the_backward_recomputes_changes_nothing(pairs, arch):
         assert runs[mode][0] == runs["none"][0] and all(torch.equal(g, r) for g, r in zip(runs[mode][1], runs["none"][1])), mode
     other = loss_and_grads(learner, learner.loss(batch, LAM + 0.1))
     assert other[0] != runs["none"][0] and not all(torch.equal(g, r) for g, r in zip(other[1], runs["none"][1]))
+
+
+def shifted_rows(part):
+    """A part function that feeds every row-fed module the rows one further on (the wrong rows)."""
+    def wrong(key, rows=None):
+        if rows is None:
+            return part(key)
+        out = {}
+        for name, r in rows.items():
+            whole = part(key, {name: None})[name]
+            idx = torch.arange(whole.shape[0])[r if r is not None else slice(None)]
+            out[name] = whole[(idx + 1) % whole.shape[0]]
+        return out
+    return wrong
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "vit"])
+def test_embeddings_and_heads_are_fed_by_rows(pairs, arch):
+    """Language models' embeddings (token and position) and heads are row-fed modules: the forward never
+    materialises them whole (the embedding only the batch's distinct ids, the head `head_rows` rows at a time),
+    and what they compute is what the whole tables compute (the equality tests above). Negative control: rows
+    one further on change the loss."""
+    a, b, init = pairs[arch]
+    learner = Learner(a, b, quick(method="dual"), init)
+    fed = {c for v in learner.forward.vocab for c in v.tensors.values()}
+    assert {"embed.W_E", "head.W_U"} <= fed, fed
+    assert not fed & {k for key in ("embed", "final") for k in learner.forward.rest[key]}
+    asked = []
+
+    def spy(key, rows=None):
+        asked.append((key, None if rows is None else {k: r for k, r in rows.items()}))
+        return part(key, rows)
+
+    part = learner.path(LAM, hard=False)
+    batch = batch_for(arch)
+    learner.forward.head_rows = 16
+    with torch.no_grad():
+        loss = float(learner.forward.loss(spy, batch))
+        wrong = float(learner.forward.loss(shifted_rows(part), batch))
+    embed = [r["embed.W_E"] for k, r in asked if r and "embed.W_E" in r]
+    head = [r["head.W_U"] for k, r in asked if r and "head.W_U" in r]
+    assert len(embed) == 1 and torch.equal(embed[0], torch.unique(batch["input_ids"]))
+    assert [(s.start, s.stop) for s in head] == [(i, min(i + 16, 61)) for i in range(0, 61, 16)]
+    ends = [r for k, r in asked if k in ("embed", "final")]
+    assert all(r is not None and all(r[c] is not None for c in fed & set(r)) for r in ends), "no end part asked for whole"
+    assert abs(wrong - loss) > 1e-3, "rows one further on must change the loss"
+
+
+def test_padding_rows_get_no_gradient_as_in_the_stock_embedding(tmp_path):
+    """A model whose embedding has a padding index, on a batch holding that id: the row-fed embedding moves the
+    index along with the rows it keeps, so the loss and gradients are the plain path's (whose stock embedding
+    gives the padding row no gradient); the padding changes those gradients, so the check can fail."""
+    models = []
+    for s in (0, 1):
+        m = make_model("llama", s)
+        m.config.pad_token_id = 30  # in batch_for's ids
+        models.append(load_model(save_model(m, tmp_path / str(s))))
+    a, b = models
+    init = random_element(b.spec, torch.Generator().manual_seed(3))
+    batch = batch_for("llama")
+    assert 30 in batch["input_ids"]
+    learner = Learner(a, b, quick(method="learned"), init)
+    assert learner.forward.hf.get_submodule("model.embed_tokens").stock.padding_idx == 30
+    ref = loss_and_grads(learner, plain_loss(a, learner, batch, LAM))
+    d_loss, d_grad = gaps(loss_and_grads(learner, learner.loss(batch, LAM)), ref, torch.float32)
+    assert d_loss <= 1 and d_grad <= 1, (d_loss, d_grad)
+    a.config.pad_token_id = None
+    unpadded = loss_and_grads(learner, plain_loss(a, learner, batch, LAM))
+    assert gaps(unpadded, ref, torch.float32)[1] > 2, "the padding index must matter to the gradients"
 
 
 def test_lazy_bf16_endpoints_stay_bf16(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -113,6 +114,11 @@ class LazyModel:
         _check_tensors(self.ckpt, self.adapter, self.shape, self._names)
         self.meta = json.loads((self.path / "symmerge.json").read_text()) if (self.path / "symmerge.json").is_file() else {}
 
+    def at_dtype(self, dtype: torch.dtype) -> LazyModel:
+        """The same checkpoint read in another precision (shares the open files; nothing is read)."""
+        other = copy.copy(self)
+        other.compute_dtype = dtype
+        return other
 
     def get(self, name: str, *default) -> torch.Tensor:
         if name not in self._names:

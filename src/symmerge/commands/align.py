@@ -272,12 +272,22 @@ def _affordable_rate(args, matcher, families, opts, data) -> str | None:
 
 def run_learned(args, matcher, families, opts, place) -> int:
     """Learn against the loss on the path, from the solution of the matcher it starts from (weight
-    matching, absorbed into B); OUT = g·B, or OUT/A and OUT/B for dual."""
+    matching, absorbed into B); OUT = g·B, or OUT/A and OUT/B for dual.
+
+    Bounded memory: A and B are `LazyModel`s (safetensors memory-mapped, read one part at a time) from the
+    start to the end. Weight matching streams them in --precision; the learner keeps them frozen in their
+    own dtype (`blockwise.Frozen`) and materialises one block (one chunk of the head, the batch's rows of
+    the embedding) at a time; OUT is written part by part (`stream.write_streaming`); the output check reads
+    the files block by block (`file_forward.FileForward`). No whole float32/float64 copy of either model is
+    ever made (tests/test_outputs_bounded.py)."""
+    import torch
+
     from ..match.learn_loop import Result
     from ..match.outputs import checkpoint_folder, finish_learned, open_checkpoint
 
     group = distributed.current()  # several processes: each reads the inputs, rank 0 alone writes
-    data, (a, b) = group.agree(lambda: (_data(args, matcher, opts), _load_pair(args, families)))
+    precision = getattr(torch, opts["precision"])
+    data, (a, b) = group.agree(lambda: (_data(args, matcher, opts), _load_pair(args, families, precision)))
     group.agree(lambda: group.check_data(data.train, data.val))  # before weight matching, which comes first
     note = group.agree(lambda: _affordable_rate(args, matcher, families, opts, data))
     group.agree(lambda: open_checkpoint(args.out, args.force, args.resume), main_only=True)

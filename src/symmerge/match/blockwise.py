@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import functools
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -40,16 +41,20 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from .. import SymmergeError
 from ..evaluate import model_inputs
-from ..model import InMemoryParts, Model, hf_class, part_keys
+from ..model import InMemoryParts, Model, hf_class, part_keys, part_of
 
 Params = dict[str, torch.Tensor]
+#: what `end_state` hands `ends_from_canonical` for a tensor fed by rows (never reaches the stock model)
+_ABSENT = torch.empty(0, dtype=torch.float64)
 #: what the backward recomputes of each block: "block" (its weights and activations: memory holds one
 #: block's, whatever the depth), "weights" (its materialised weights only; the activations of every block are
 #: kept, as in plain training: a forward less per step), "none" (nothing; every block's weights stay until the
 #: backward, as a whole-model forward holds them)
 RECOMPUTE = ("block", "weights", "none")
-#: part key ("embed", block index, "final") -> canonical tensors of that part, in the forward's dtype and device
-PartFn = Callable[[object], Params]
+#: part(key, rows=None): the canonical tensors of part `key` ("embed", a block index, "final") in the forward's
+#: dtype and device; with `rows` ({canonical name: indices, a slice, or None for all}), only those tensors, each
+#: restricted to those rows of axis 0 before it is acted on
+PartFn = Callable[..., Params]
 
 
 @functools.lru_cache(maxsize=1)
@@ -69,21 +74,32 @@ def _large_frees_to_the_os() -> None:
 
 class Frozen:
     """One endpoint's frozen canonical tensors, part by part, in `dtype` (default: the checkpoint's own) on
-    `device`; `transform(part)` (float64, e.g. a fixed group element) is applied before they are kept.
-    Peak memory while reading: what is kept plus one part in float64."""
+    `device`; `transform(part)` (a fixed group element) is applied before they are kept.
 
-    def __init__(self, source, device=None, transform: Callable[[Params], Params] | None = None, dtype=None):
+    `keys`: the parts read now (default: every part); `read(keys)` reads more. A `LazyModel` is read in
+    `read_dtype(kept dtype)`: float64 for float32 stores, float32 for 16-bit ones (its rounding error, 2^-24,
+    is 2^-16 of a bf16 step: the kept tensors equal float64's but where a value lies that close to a rounding
+    tie), which halves the transient of each part. Peak memory while reading: what is kept plus one part in
+    that precision (read the ends first: `fill`)."""
+
+    def __init__(self, source, device=None, transform: Callable[[Params], Params] | None = None, dtype=None,
+                 keys=None):
         _large_frees_to_the_os()  # each part's float64 transient, freed, must not fragment the heap under what is kept
         self.shape, self.spec = source.shape, source.spec
         self.dtype = dtype or source.dtype
-        reader = InMemoryParts(source.params) if isinstance(source, Model) else source
+        self.device, self.transform = device, transform
+        self.reader = reader_of(source, self.dtype)
         self.parts: dict = {}
-        for key in part_keys(self.shape):
-            part = reader.part(key)
-            if transform is not None:
-                part = transform(part)
-            self.parts[key] = {k: (v.detach().to(torch.float64) if v.dim() == 0 else v.detach().to(device=device, dtype=self.dtype))
+        self.read(part_keys(self.shape) if keys is None else keys)
+
+    def read(self, keys) -> None:
+        for key in keys:
+            part = self.reader.part(key)
+            if self.transform is not None:
+                part = self.transform(part)
+            self.parts[key] = {k: (v.detach().to(torch.float64) if v.dim() == 0 else v.detach().to(device=self.device, dtype=self.dtype))
                                for k, v in part.items()}
+            del part
 
     def part(self, key) -> Params:
         return self.parts[key]
@@ -94,6 +110,28 @@ class Frozen:
 
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.params().values())
+
+
+def read_dtype(kept: torch.dtype) -> torch.dtype:
+    """The precision a part is read (and its canonical form computed) in before it is kept in `kept`."""
+    return torch.float32 if torch.finfo(kept).bits <= 16 else torch.float64
+
+
+def reader_of(source, kept: torch.dtype):
+    """What a frozen store reads `source` through, part by part: a `Model`'s parameters in memory, a
+    `LazyModel` in `read_dtype(kept)`, anything else with `part(key)` as it is."""
+    if isinstance(source, Model):
+        return InMemoryParts(source.params)
+    return source.at_dtype(read_dtype(kept)) if hasattr(source, "at_dtype") else source
+
+
+def fill(stores: list) -> None:
+    """Read every part of `stores` (built with `keys=()`), the ends of all first: the ends (vocabulary x d_model,
+    the largest parts) are then read while little is kept, and the blocks' transients, smaller, come last."""
+    shape = stores[0].shape
+    for keys in (["embed", "final"], list(range(shape.n_layers))):
+        for store in stores:
+            store.read(keys)
 
 
 @contextlib.contextmanager
@@ -128,13 +166,15 @@ def weightless(config, class_name: str, dtype: torch.dtype, device=None):
     return model.eval().requires_grad_(False)
 
 
-class _StandIn(nn.Module):
-    """Takes the place of stock block i: materialises its tensors and runs the stock block on them. Holds no
-    parameters itself (the stock block is kept outside the module tree); other attributes are the block's."""
+class StandIn(nn.Module):
+    """Takes the place of a stock module in the model tree and runs it on tensors it is given (`forward`, in
+    subclasses). Holds no parameters itself (the stock module is kept outside the tree, so the model's own
+    parameters are the rest); other attributes are the stock module's. `key`: what the subclass needs to know
+    of its place (a block index, a `Vocab`, a name prefix)."""
 
-    def __init__(self, stock: nn.Module, i: int, owner: BlockwiseForward):
+    def __init__(self, stock: nn.Module, key, owner):
         super().__init__()
-        self.__dict__["stock"], self.__dict__["owner"], self.__dict__["i"] = stock, owner, i
+        self.__dict__["stock"], self.__dict__["owner"], self.__dict__["i"] = stock, owner, key
 
     def __getattr__(self, name):
         try:
@@ -142,22 +182,88 @@ class _StandIn(nn.Module):
         except AttributeError:
             return getattr(self.__dict__["stock"], name)
 
+
+class _StandIn(StandIn):
+    """Stock block i: materialises its tensors and runs the stock block on them."""
+
     def forward(self, *args, **kwargs):
         owner, i = self.owner, self.i
         part = owner.current  # captured: the backward's recomputation materialises the same step's tensors
+        return owner.run_on(self.stock, lambda: owner.block_state(part, i), args, kwargs)
 
-        def run(*a, **k):
-            owner.materialising = True
-            try:
-                state = owner.block_state(part, i)
-            finally:
-                owner.materialising = False
-            return functional_call(self.stock, state, a, k)
 
-        if owner.recompute == "none" or not torch.is_grad_enabled():
-            return run(*args, **kwargs)
-        context = {} if owner.recompute == "block" else {"context_fn": owner.keep_activations}
-        return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
+@dataclass(frozen=True)
+class Vocab:
+    """A stock end module (`nn.Embedding` or `nn.Linear`) whose parameters are canonical tensors, as they are,
+    with a row axis (axis 0: vocabulary, positions, classes) on which no group acts: one row of their
+    transformed and interpolated values depends on that row of the endpoints' only. `tensors`: parameter
+    name -> canonical name; `part`: the part they belong to; `rows`: the size of axis 0."""
+
+    module: str
+    part: str
+    tensors: dict
+    rows: int
+
+
+class _EmbeddingStandIn(StandIn):
+    """An `nn.Embedding` fed only the rows its input asks for: the input's distinct ids `u` (sorted), their
+    rows materialised, and the stock module run on the positions of the ids in `u` (its `padding_idx` moved
+    along, so the gradient skips what it skipped). The same vectors as a lookup in the whole table."""
+
+    def forward(self, ids):
+        owner, vocab, stock = self.owner, self.i, self.stock
+        part = owner.current
+        u, inv = torch.unique(ids, return_inverse=True)
+        pad = stock.padding_idx
+        hit = (u == pad).nonzero() if pad is not None else None
+        stock.padding_idx = int(hit[0, 0]) if hit is not None and hit.numel() else None
+        try:
+            return functional_call(stock, owner.vocab_state(part, vocab, u), (inv,))
+        finally:
+            stock.padding_idx = pad
+
+
+class _HeadStandIn(StandIn):
+    """An `nn.Linear` read by rows (the head, a classifier): its outputs computed `owner.head_rows` rows at a
+    time, each chunk's weights materialised inside it (and recomputed in the backward like a block's), then
+    concatenated: the same outputs as the whole layer, with one chunk's weights in memory."""
+
+    def forward(self, x):
+        owner, vocab, stock = self.owner, self.i, self.stock
+        part = owner.current
+        step = max(1, owner.head_rows)
+        outs = []
+        for start in range(0, vocab.rows, step):
+            rows = slice(start, min(vocab.rows, start + step))
+            outs.append(owner.run_on(stock, lambda rows=rows: owner.vocab_state(part, vocab, rows), (x,), {}))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+
+
+def _rows_free(spec, name: str) -> bool:
+    """No group of `spec` acts on axis 0 of canonical tensor `name` (a scalar group scales every row alike)."""
+    return all(not spec.groups[a.group].structure.acts_on_axis or (a.axis != 0 and 0 not in a.batch_axes)
+               for a in spec.actions.get(name, ()))
+
+
+def vocab_modules(hf: nn.Module, adapter, shape, spec, ends: Params) -> list[Vocab]:
+    """The stock end modules that can be fed by rows (`Vocab`): an `nn.Embedding` or `nn.Linear` (exactly those
+    classes) each of whose parameters `ends_from_canonical` passes through as a canonical tensor of `ends`
+    (found by identity), no group acting on its axis 0. The rest of the ends is materialised whole."""
+    sd = adapter.ends_from_canonical(ends, shape)
+    canonical = {hf_name: c for hf_name, v in sd.items() for c, t in ends.items() if v is t and t.dim() >= 1}
+    found = []
+    for name, module in hf.named_modules():
+        if type(module) not in (nn.Embedding, nn.Linear) or (type(module) is nn.Embedding and module.max_norm is not None):
+            continue
+        local = {n: f"{name}.{n}" for n, _ in module.named_parameters(recurse=False)}
+        if not local or not all(h in canonical for h in local.values()):
+            continue
+        tensors = {n: canonical[h] for n, h in local.items()}
+        sizes = {ends[c].shape[0] for c in tensors.values()}
+        parts = {part_of(c) for c in tensors.values()}
+        if len(sizes) == 1 and len(parts) == 1 and all(_rows_free(spec, c) for c in tensors.values()):
+            found.append(Vocab(name, parts.pop(), tensors, sizes.pop()))
+    return found
 
 
 class BlockwiseForward:
@@ -187,8 +293,42 @@ class BlockwiseForward:
             self.prefixes.append(name + ".")
             self.block_keys.append({k for k, _ in stock.named_parameters()})
             self.hf.get_submodule(parent).register_module(idx, _StandIn(stock, i, self))
+        ends = {**endpoints[0].part("embed"), **endpoints[0].part("final")}
+        self.vocab = vocab_modules(self.hf, self.adapter, self.shape, model.spec, ends)
+        self.vocab_names = {c for v in self.vocab for c in v.tensors.values()}
+        for v in self.vocab:
+            parent, _, idx = v.module.rpartition(".")
+            kind = _EmbeddingStandIn if isinstance(self.hf.get_submodule(v.module), nn.Embedding) else _HeadStandIn
+            stand_in = kind(self.hf.get_submodule(v.module), v, self)
+            (self.hf.get_submodule(parent) if parent else self.hf).register_module(idx, stand_in)
+        #: the canonical tensors of each end part materialised whole (the vocabulary tensors are fed by rows)
+        self.rest = {key: [k for k, t in endpoints[0].part(key).items() if t.dim() > 0 and k not in self.vocab_names]
+                     for key in ("embed", "final")}
         self.end_keys = {k for k, _ in self.hf.named_parameters()}  # the stand-ins hide the blocks' parameters
         self.current: PartFn | None = None
+        #: rows of a head (`_HeadStandIn`) materialised at a time: about 2^24 weights
+        self.head_rows = max(1, (1 << 24) // self.shape.d_model)
+
+    def run_on(self, stock: nn.Module, state: Callable[[], Params], args, kwargs):
+        """`stock` run on the tensors `state()` materialises; inside a checkpoint when gradients are on (the
+        backward recomputes what `recompute` says)."""
+        def run(*a, **k):
+            self.materialising = True
+            try:
+                tensors = state()
+            finally:
+                self.materialising = False
+            return functional_call(stock, tensors, a, k)
+
+        if self.recompute == "none" or not torch.is_grad_enabled():
+            return run(*args, **kwargs)
+        context = {} if self.recompute == "block" else {"context_fn": self.keep_activations}
+        return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
+
+    def vocab_state(self, part: PartFn, vocab: Vocab, rows) -> Params:
+        """The parameters of `vocab`'s module restricted to `rows` (indices or a slice of axis 0)."""
+        tensors = part(vocab.part, {c: rows for c in vocab.tensors.values()})
+        return {n: tensors[c].to(device=self.device, dtype=self.dtype) for n, c in vocab.tensors.items()}
 
     def _policy(self, ctx, op, *args, **kwargs):
         """recompute="weights": what the materialisation computes, and every view (a view of a weight would
@@ -209,12 +349,15 @@ class BlockwiseForward:
         return self._cast(self.adapter.block_from_canonical(part(i), self.shape, i), self.block_keys[i], self.prefixes[i])
 
     def end_state(self, part: PartFn) -> Params:
-        """The stock model's parameters outside the blocks (embeddings, final norm, head) from `part`; with
-        recompute="block", what it takes to materialise them is recomputed in the backward (only they are kept)."""
+        """The stock model's parameters outside the blocks and the vocabulary modules (embeddings, final norm,
+        head, as far as they are not fed by rows) from `part`; with recompute="block", what it takes to
+        materialise them is recomputed in the backward (only they are kept)."""
         names: list[str] = []
 
         def ends():
-            canonical = {**part("embed"), **part("final")}
+            canonical = {c: _ABSENT for c in self.vocab_names}  # fed by rows: `ends_from_canonical` passes them through
+            for key in ("embed", "final"):
+                canonical.update(part(key, {k: None for k in self.rest[key]}))
             sd = self._cast(self.adapter.ends_from_canonical(canonical, self.shape), self.end_keys)
             names[:] = names or list(sd)  # the recomputation returns them in the first call's order
             return tuple(sd[n] for n in names)

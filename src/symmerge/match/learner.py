@@ -16,7 +16,7 @@ from ..apply import Prepared, StraightThrough, apply
 from ..evaluate import interpolate
 from ..merge import check_compatible
 from ..spec import SCALE, Spec, compose, identity_element
-from .blockwise import BlockwiseForward, PartFn
+from .blockwise import BlockwiseForward, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 from .sharded import frozen
@@ -49,6 +49,14 @@ def lap(latent: torch.Tensor) -> torch.Tensor:
         best = x.argmax(axis=1)
         rows.append(best if np.unique(best).size == best.size else linear_sum_assignment(x, maximize=True)[1])
     return torch.as_tensor(np.stack(rows), dtype=torch.int64).reshape(latent.shape[:-1]).to(latent.device)
+
+
+def select(stored: dict, rows: dict | None, dtype) -> dict:
+    """The tensors of a stored part in `dtype` (0-dim ones left out), or with `rows` only those it names,
+    each restricted to its rows of axis 0 (`blockwise.PartFn`)."""
+    if rows is None:
+        return {k: v.to(dtype) for k, v in stored.items() if v.dim() > 0}
+    return {k: (stored[k] if r is None else stored[k][r]).to(dtype) for k, r in rows.items()}
 
 
 def _check_element(spec: Spec, g: dict, what: str) -> None:
@@ -92,6 +100,7 @@ class Learner:
         device = torch.device(cfg.device)
         absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual and init is not None else None
         self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
+        fill(list(self.frozen.values()))  # the ends of both first (see `blockwise.fill`)
         self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device, cfg.recompute)
         eps = self.frozen["A"].part("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
@@ -178,10 +187,10 @@ class Learner:
         scale = self._eps_scale(raw, lam)
         dt = self.forward.dtype
 
-        def part(key) -> dict:
+        def part(key, rows: dict | None = None) -> dict:
             moved = {}
             for side in ("A", "B"):
-                tensors = {k: v.to(dt) for k, v in self.frozen[side].part(key).items() if v.dim() > 0}
+                tensors = select(self.frozen[side].part(key), rows, dt)
                 moved[side] = apply(self.spec, prepared[side], tensors) if side in prepared else tensors
             mixed = interpolate(moved["A"], moved["B"], lam)
             return mixed if scale is None else apply(self.spec, {SCALE: scale}, mixed)

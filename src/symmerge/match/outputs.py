@@ -11,20 +11,35 @@ import torch
 
 from .. import SymmergeError
 from ..apply import apply
-from ..evaluate import max_abs_diff, model_inputs
+from ..evaluate import max_abs_diff
 from ..io import AtomicFolder, prepare_output
-from ..model import Model, hf_class, save_model
+from ..model import Model, save_model
+from .file_forward import FileForward
 from .learn_config import LearnConfig
 from .learn_loop import Result
 from .learned import learn
 
 
-def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False, dtype=None) -> list[tuple[Path, Path]]:
+def _write(model, g: dict, out, force: bool = False, extra: dict | None = None, gauge=None, side=None, dtype=None) -> None:
+    """g·model as a stock checkpoint in OUT: a `Model` in memory through `save_model`, a `LazyModel` (or an
+    expanded one) part by part through `stream.write_streaming` (one part in the algebra's precision at a time)."""
+    if isinstance(model, Model):
+        save_model(model, apply(model.spec, g, model.params), out, force=force, extra=extra, gauge=gauge, side=side,
+                   dtype=dtype)
+        return
+    from ..stream import write_streaming
+
+    write_streaming(model, lambda part: apply(model.spec, g, part), out, force=force, dtype=dtype,
+                    extra={**model.meta, **(extra or {})}, progress=False, gauge=gauge, side=side)
+
+
+def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> list[tuple[Path, Path]]:
     """learned: OUT = g·B. dual: OUT/A = gA·A and OUT/B = gB·B. Returns (input, output) folder pairs.
 
-    Every output is written in the norm gauge of the stock A (`gauge.py`), so that a plain average of
-    A and OUT (learned) or of OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that
-    midpoint lies beside (OUT/mergekit.yml). `dtype`: of the outputs (default: each input's)."""
+    `a`, `b`: `Model`s, or `LazyModel`s (written part by part: no whole copy of either model). Every output is
+    written in the norm gauge of the stock A (`gauge.py`), so that a plain average of A and OUT (learned) or of
+    OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that midpoint lies beside
+    (OUT/mergekit.yml). `dtype`: of the outputs (default: each input's)."""
     from ..gauge import mergekit_base, side_files
     from ..model import reference_gauge
 
@@ -33,33 +48,48 @@ def save_outputs(result: Result, a: Model, b: Model, out, force: bool = False, d
     gauge = reference_gauge(a.path) if a.path is not None else None
     if result.report["method"] == "learned":
         side = side_files([a.path, out], mergekit_base(a.path, out), dtype or b.dtype) if gauge else {}
-        save_model(b, apply(b.spec, result.elements["B"], b.params), out, force=force, extra=meta, gauge=gauge, side=side,
-                   dtype=dtype)
+        _write(b, result.elements["B"], out, force=force, extra=meta, gauge=gauge, side=side, dtype=dtype)
         return [(b.path, out)]
     with AtomicFolder(out) as tmp:
-        save_model(a, apply(a.spec, result.elements["A"], a.params), tmp / "A", extra=meta, gauge=gauge, dtype=dtype)
-        save_model(b, apply(b.spec, result.elements["B"], b.params), tmp / "B", extra=meta, gauge=gauge, dtype=dtype)
+        _write(a, result.elements["A"], tmp / "A", extra=meta, gauge=gauge, dtype=dtype)
+        _write(b, result.elements["B"], tmp / "B", extra=meta, gauge=gauge, dtype=dtype)
         if gauge is not None:
             for name, text in side_files([out / "A", out / "B"], (out / "A").resolve(), dtype or b.dtype).items():
                 (tmp / name).write_text(text)
     return [(a.path, out / "A"), (b.path, out / "B")]
 
 
-def _stock(folder, class_name: str):
-    return hf_class(class_name).from_pretrained(folder, dtype=torch.float64).eval()
+#: the check of an output runs on the first rows of a batch, at most this many tokens (images: rows)
+PROBE_TOKENS = 256
+
+
+def probe(batch: dict) -> dict:
+    """The first rows of `batch` holding at most `PROBE_TOKENS` tokens (at least one row; images: at most
+    `PROBE_TOKENS // 16` of them): enough to see a wrong weight in every logit, at a cost that does not grow with
+    the batch (at Pythia-1.4B shape each float64 forward of the check costs about 3e9 multiply-adds a token)."""
+    first = next(v for v in batch.values() if torch.is_tensor(v))
+    per_row = first.shape[1] if "input_ids" in batch and first.dim() > 1 else 16
+    rows = max(1, PROBE_TOKENS // per_row)
+    return {k: (v[:rows] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in batch.items()}
 
 
 @torch.no_grad()
 def logit_gap(source, output, class_name: str, batch: dict) -> float:
-    """Largest |logit difference| between two checkpoints loaded by stock transformers (in float64,
-    so that it measures the stored weights, not the arithmetic): the files are what is checked, so
-    this loads them rather than running canonical parameters through `StockForward`."""
-    inputs = model_inputs(batch, torch.float64)
-    return max_abs_diff(_stock(source, class_name)(**inputs).logits, _stock(output, class_name)(**inputs).logits)
+    """Largest |logit difference| between two checkpoint folders run by the stock forward of `class_name` in
+    float64 (so that it measures the stored weights, not the arithmetic) on `probe(batch)`. The files are what is
+    checked: each is read block by block from its safetensors (`file_forward.FileForward`, what
+    `from_pretrained(dtype=float64)` computes), so the check holds one block and the ends in float64, never a
+    whole model; canonical parameters are not used."""
+    small = probe(batch)
+    ref = FileForward(source).logits(small)
+    forward = FileForward(output)
+    if type(forward.hf).__name__ != class_name:
+        raise SymmergeError(f"internal: {output} holds a {type(forward.hf).__name__}, expected {class_name}")
+    return max_abs_diff(ref, forward.logits(small))
 
 
 def output_report(pairs: list[tuple[Path, Path]], class_name: str, batch: dict) -> list[dict]:
-    """For every output, its input and the largest logit difference from it."""
+    """For every output, its input and the largest logit difference from it (`logit_gap`)."""
     return [{"input": str(i), "output": str(o), "max_logit_diff": logit_gap(i, o, class_name, batch)} for i, o in pairs]
 
 

@@ -28,32 +28,38 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import distributed
-from ..model import InMemoryParts, Model, part_keys
-from .blockwise import Frozen
+from ..model import part_keys
+from .blockwise import Frozen, reader_of
 
 
 def frozen(source, device=None, transform=None):
-    """An endpoint's frozen store: `Sharded` over the ranks when the run shards its endpoints
-    (`align --shard-endpoints` under torchrun), else `blockwise.Frozen` (whole on every rank)."""
+    """An endpoint's frozen store, nothing read yet (`read(keys)`, `blockwise.fill`): `Sharded` over the
+    ranks when the run shards its endpoints (`align --shard-endpoints` under torchrun), else
+    `blockwise.Frozen` (whole on every rank)."""
     group = distributed.current()
     if group.world > 1 and group.shard:
-        return Sharded(source, group, device, transform)
-    return Frozen(source, device, transform)
+        return Sharded(source, group, device, transform, keys=())
+    return Frozen(source, device, transform, keys=())
 
 
 class Sharded:
     """One endpoint's frozen tensors split over the ranks of `group` (see the module docstring)."""
 
-    def __init__(self, source, group, device=None, transform=None, dtype=None):
+    def __init__(self, source, group, device=None, transform=None, dtype=None, keys=None):
         self.shape, self.spec, self.group = source.shape, source.spec, group
         self.dtype = dtype or source.dtype
         self.device = torch.device("cpu") if device is None else torch.device(device)
-        reader = InMemoryParts(source.params) if isinstance(source, Model) else source
+        self.reader = reader_of(source, self.dtype)
+        self.transform = transform
         self.shards, self.layouts, self.scalars = {}, {}, {}
-        for key in part_keys(self.shape):
-            part = reader.part(key)
-            if transform is not None:
-                part = transform(part)
+        self.read(part_keys(self.shape) if keys is None else keys)
+
+    def read(self, keys) -> None:
+        group = self.group
+        for key in keys:
+            part = self.reader.part(key)
+            if self.transform is not None:
+                part = self.transform(part)
             self.scalars[key] = {k: v.detach().to(torch.float64) for k, v in part.items() if v.dim() == 0}
             tensors = {k: v.detach() for k, v in part.items() if v.dim() > 0}
             self.layouts[key] = [(k, v.shape) for k, v in tensors.items()]
@@ -61,6 +67,7 @@ class Sharded:
             flat = F.pad(flat, (0, (-flat.numel()) % group.world))
             n = flat.numel() // group.world
             self.shards[key] = flat[group.rank * n:(group.rank + 1) * n].clone().to(self.device)
+            del part, tensors, flat
 
     def part(self, key) -> dict[str, torch.Tensor]:
         shard = self.shards[key]
