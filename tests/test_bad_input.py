@@ -372,6 +372,9 @@ FAULTS = [
     ("full-disk-align", lambda c, o: _align(c, o), FULL, "full"),
     ("full-disk-merge", lambda c, o: _merge(c, o, "--aligned", o + "-aligned"), FULL, "full"),
     ("full-disk-expand", lambda c, o: ["expand", _p(c, "a"), "--like", _p(c, "wide"), "-o", o], FULL, "full"),
+    ("full-disk-train-first-save", lambda c, o: _train(c, o, "--preset", "tiny", "--steps", "2"), FULL, "full"),
+    ("full-disk-barrier-json", lambda c, o: _barrier(c, "--points", "3", "--json", o), FULL, "full-write"),
+    ("full-disk-eval-json", lambda c, o: ["eval", _p(c, "a"), "--data", _p(c, "text"), "--json", o], FULL, "full-write"),
     ("no-write-permission-transform", lambda c, o: ["transform", _p(c, "a"), "-o", o], "no write permission", "locked"),
     ("no-write-permission-merge", lambda c, o: _merge(c, o), "no write permission", "locked"),
 ]
@@ -382,12 +385,22 @@ def _out(ctx, fault, monkeypatch) -> Path:
     if fault == "full":
         if not ctx["tmpfs"]:  # no tmpfs to fill: the writer fails as safetensors does on a full disk
             import symmerge.io as io
+            import symmerge.train as train
 
             def full(*args, **kwargs):
                 raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(errno.ENOSPC)} (os error 28)")
 
             monkeypatch.setattr(io, "save_file", full)
+            monkeypatch.setattr(train, "save_file", full)  # training's resumable state
         return ctx["full"] / "out"
+    if fault == "full-write":  # a report cut short by a full disk: half of it written, then ENOSPC
+        def cut(self, text, *args, **kwargs):
+            with open(self, "w") as f:
+                f.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+        monkeypatch.setattr(Path, "write_text", cut)
+        return ctx["root"] / "out"
     if fault == "locked":  # root may write anywhere: os.access answers as it would an ordinary user
         locked = ctx["root"] / "locked"
         locked.mkdir(exist_ok=True)

@@ -99,7 +99,10 @@ def clean_stale(target: str | os.PathLike) -> None:
     target = Path(target)
     _finish_commits(target)
     for tmp in _stale(target, "tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:  # a report's or plot's (`write_file`)
+            tmp.unlink(missing_ok=True)
     for old in _stale(target, "old"):
         if not target.exists():
             old.rename(target)
@@ -189,3 +192,17 @@ class AtomicFolder(AtomicFolders):
 
     def __enter__(self) -> Path:
         return super().__enter__()[0]
+
+
+def write_file(path, write) -> None:
+    """`write(tmp)` writes a file at `tmp`, a sibling `.<name>.tmp-<pid>-file` of `path`, renamed onto
+    `path` when it succeeded (removed when it failed): a report or plot is complete or absent, also on
+    a full disk or a kill (the next `clean_stale` of `path` removes what a SIGKILL left)."""
+    path = Path(path)
+    clean_stale(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-file{path.suffix}")  # the suffix: matplotlib's format
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

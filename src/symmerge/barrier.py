@@ -112,5 +112,7 @@ def plot(result: dict, path, title: str = "") -> None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from .atomic import write_file
+
+    write_file(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)

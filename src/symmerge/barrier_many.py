@@ -127,5 +127,7 @@ def plot_triangle(grid: dict, path, names: list[str], title: str = "") -> None:
     ax.axis("off")
     ax.set_title(title or "loss over the simplex of three models", pad=24)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from .atomic import write_file
+
+    write_file(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)

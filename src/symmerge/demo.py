@@ -149,7 +149,9 @@ def plot_methods(rows: list[dict], path: Path, title: str) -> None:
     axes[0].legend(title="loss barrier", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from .atomic import write_file
+
+    write_file(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
 
 

@@ -54,7 +54,11 @@ def dumps(command: str, payload: dict) -> str:
 
 
 def write(path, command: str, payload: dict) -> None:
-    Path(path).write_text(dumps(command, payload) + "\n")
+    """The report as JSON at `path`, complete or absent (`atomic.write_file`)."""
+    from .atomic import write_file
+
+    text = dumps(command, payload) + "\n"
+    write_file(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def describe(model: LazyModel) -> dict:

@@ -39,7 +39,7 @@ from .data import load_items, read_text
 from .devices import DTYPES, autocast
 from .evaluate import model_inputs
 from .images import is_image_source, load_images, processor_config, write_processor_config
-from .io import AtomicFolder, prepare_output
+from .io import AtomicFolder, clean_stale, prepare_output
 from .presets import HF_CLASSES, Preset, get_preset, lm_config, reshaped, vit_config
 from .tokenizers import build_tokenizer
 
@@ -181,6 +181,7 @@ def _prepare(args: TrainArgs, p: Preset, out: Path) -> tuple[Path, dict | None]:
             diff = {k: (info["run"].get(k), v) for k, v in args.run_key(p).items() if info["run"].get(k) != v}
             raise SymmergeError(f"--resume with different settings than the saved run (saved, given): {diff}")
         return state_dir / SKELETON, info
+    clean_stale(state_dir)  # a state write a SIGKILL cut: its temporary folder is no output
     prepare_output(out, args.force)
     if state_dir.exists():  # --force: a previous run's state must not be mixed with this one
         shutil.rmtree(state_dir)
@@ -278,10 +279,27 @@ def train(args: TrainArgs) -> Path:
     """Train (or resume) and write a stock HF checkpoint to `args.out`; returns the path."""
     p = reshaped(args.arch, get_preset(args.arch, args.preset), args.shape)
     out = Path(args.out)
+    created = not out.exists()
     skeleton, info = _prepare(args, p, out)
     state_dir = out / STATE
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
+    try:
+        return _run(args, p, out, skeleton, info, state_dir, deterministic)
+    except BaseException:  # a fresh run that saved no state yet (a full disk at the first save) leaves nothing
+        if created and not (state_dir / "state.json").is_file():
+            _remove_empty(out)
+        raise
+
+
+def _remove_empty(out: Path) -> None:
+    """Remove OUT (made by this run) when nothing of it was saved: empty, or holding empty folders only."""
+    if out.is_dir() and not any(f.is_file() for f in out.rglob("*")):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _run(args: TrainArgs, p: Preset, out: Path, skeleton: Path, info: dict | None, state_dir: Path,
+         deterministic: bool) -> Path:
     try:
         if info is None:
             model, opt, items, info = _start(args, p, skeleton, state_dir)
