@@ -100,7 +100,7 @@ class MeanView:
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
                  families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
-                 progress: bool = False, dtype=None, data=None) -> dict:
+                 progress: bool = False, dtype=None, data=None, start=None) -> dict:
     """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report. `dtype`:
     of the outputs (default: the first input's). The aligned models are written in the norm gauge of the
     first input of the widest config (`gauge.py`; the first input where all have one config), so that their
@@ -109,7 +109,10 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     `method`: a matcher with a many-model form (`registry.many_methods()`); `data`: a `registry.Data` for
     the data-driven ones (activation: `train`; learned and dual: `train` and `val`).
     `families`: "default" for the spec's default families (`Spec.default_families`), None for every
-    group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}."""
+    group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}.
+    `start`: a `registry.ManyAlignment` found already on these models and families: of `method` itself
+    (it is the result: nothing is matched again), or of the matcher `method` starts from (learned / dual
+    after a weight merge: the rounds are not run again)."""
     from .expand import ExpandedModel
     from .match.summary import summarize
     from .model import LazyModel
@@ -129,7 +132,11 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     models[0].spec.select(families)  # unknown or absent families fail here, before any work
     registry.check(method, families, opts)
     check_outputs(paths, [out, aligned], force)
-    result = registry.align_many(method, models, w, families, data, opts=opts, progress=progress)
+    if start is not None and (start.method not in (method, matcher.starts_from) or len(start.elements) != len(models)):
+        raise SymmergeError(f"merge --method {method}: the start given is a {start.method} alignment of "
+                            f"{len(start.elements)} models, not one of {method} or {matcher.starts_from} of {len(models)}")
+    result = (start if start is not None and start.method == method else
+              registry.align_many(method, models, w, families, data, opts=opts, start=start, progress=progress))
     selected = models[0].spec.select(families)
     rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
            "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],

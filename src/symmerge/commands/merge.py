@@ -83,9 +83,11 @@ def run(args) -> int:
     if args.json:
         write(args.json, "merge", rep)
     h = rep["objective"]
+    stop = (f"converged: gain at most {rep['round_tol']:g} relative" if rep["converged"]
+            else f"stopped at --max-rounds {rep['rounds']}")
     what = "similarity to the mean" if args.method != "activation" else "minus the average's loss"
     tail = (f"; validation objective {rep['objective_before']:.4f} -> {rep['objective_after']:.4f} ({rep['gauge']})"
             if matcher.validates else "")
     print(f"wrote {args.out}: {len(args.models)} models merged by {args.method} matching; {what} "
-          f"{h[0]:.6f} -> {h[-1]:.6f} in {rep['rounds']} rounds ({rep['seconds']:.1f}s){tail}")
+          f"{h[0]:.6f} -> {h[-1]:.6f} in {rep['rounds']} rounds ({stop}, {rep['seconds']:.1f}s){tail}")
     return 0

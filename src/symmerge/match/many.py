@@ -14,15 +14,24 @@ selected family) is coordinate descent on this objective.
 Schedule: models are visited in an order drawn from `seed`. Round 1 starts from the identity: the
 first model of the order is the reference and each next one is matched to the mean of those already
 visited (a pairwise problem with a sharp target, where matching from the identity recovers planted
-elements); the round is kept only if the objective did not decrease. Each later round visits every
-model in a fresh order and matches it to its leave-one-out mean, starting from its current element;
-a model's new element is kept only if the objective, recomputed exactly (`math.fsum`) over every
-model, did not decrease. So the history never decreases. Rounds stop when one improves the objective
-by at most `tol` relative, or after `max_rounds`.
+elements); the round is kept only if the objective, computed exactly (`math.fsum`) over every model,
+did not decrease. Each later round visits every model in a fresh order and matches it to its
+leave-one-out mean, starting from its current element. There the objective moves by exactly
 
-Memory: the models are read one part (embeddings, a block, the head) at a time (`MeanParts` serves
-the mean of the others part by part, `model.LazyModel` the model matched), so the peak is one part of
-each model, whatever the depth. Each objective is one extra pass over the parts of every model.
+    w_i (1 - w_i) (||X_i - M_-i||^2 - ||X_i' - M_-i||^2) / sum_j w_j ||P_j||^2
+
+when X_i becomes X_i' (the decomposition above: the others' spread about M_-i does not change), and the
+two distances are the pairwise matcher's own start and end: no pass over the other models is needed. A
+new element is kept only if that gain is not negative, so the history never decreases. Rounds stop when
+one improves the objective by at most `tol` relative (`ROUND_TOL` by default; the benchmarks'
+README shows what later rounds still change), or after `max_rounds`; `ManyResult.converged` says which.
+
+Cost and memory: each match forms its target, the mean of the others, once (one read and one `apply` of
+each other model) into a `part_cache.PartCache`, which every sweep of the match then reads as a
+pairwise match reads its first model; the mean is kept on disk when the models stream from checkpoints,
+so that the resident memory is one part (embeddings, a block, the head) of each model plus one part of
+the mean, whatever the depth (the temporary folder holds one model in the algebra's dtype), and in
+memory when the models are in memory already.
 """
 
 from __future__ import annotations
@@ -38,18 +47,26 @@ from .. import groups as G
 from ..apply import apply
 from ..model import part_keys
 from ..spec import Spec
+from .part_cache import PartCache
 from .residual import sqdist, sqnorm
 from .weight import weight_match
 
+#: the rounds' stop rule: a round that improves the objective by at most this much, relative, is the last
+#: (`merge --round-tol`; the registry reads this default)
+ROUND_TOL = 1e-4
+
 
 class MeanParts:
-    """The weighted mean of `g_j·P_j` over the models `keep`, served part by part like a `LazyModel`."""
+    """The weighted mean of `g_j·P_j` over the models `keep`, served part by part like a `LazyModel`.
+
+    Where the models of `keep` all weigh 0 (a merge weight of 1 elsewhere), the mean is uniform over them:
+    such models do not enter the objective, and any shared coordinates do for them."""
 
     def __init__(self, spec: Spec, sources: list, elements: list[dict], weights: list[float], keep: list[int],
                  dtype: torch.dtype = G.DTYPE):
         total = math.fsum(weights[j] for j in keep)
         self.spec, self.sources, self.elements, self.dtype = spec, sources, elements, dtype
-        self.terms = [(j, weights[j] / total) for j in keep]
+        self.terms = [(j, weights[j] / total if total > 0 else 1.0 / len(keep)) for j in keep]
 
     def part(self, key) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -68,8 +85,8 @@ def as_parts(sources: list, dtype: torch.dtype = G.DTYPE) -> list:
     return [InMemoryParts(s, dtype) if isinstance(s, dict) else s for s in sources]
 
 
-def objective(spec: Spec, sources: list, elements: list[dict], weights: list[float]) -> float:
-    """1 - sum_i w_i ||g_i·P_i - M||^2 / sum_i w_i ||P_i||^2, streamed one part of every model at a time."""
+def objective_terms(spec: Spec, sources: list, elements: list[dict], weights: list[float]) -> tuple[float, float]:
+    """(sum_i w_i ||g_i·P_i - M||^2, sum_i w_i ||P_i||^2), streamed one part of every model at a time."""
     sources = as_parts(sources)
     spread, norm2 = [], []
     for key in part_keys(spec.shape):
@@ -82,7 +99,23 @@ def objective(spec: Spec, sources: list, elements: list[dict], weights: list[flo
             for w, p, m in zip(weights, parts, moved):
                 spread.append(w * sqdist(m[name].to(G.DTYPE), mean))
                 norm2.append(w * sqnorm(p[name].to(G.DTYPE)))
-    return 1.0 - math.fsum(spread) / math.fsum(norm2)
+    return math.fsum(spread), math.fsum(norm2)
+
+
+def objective(spec: Spec, sources: list, elements: list[dict], weights: list[float]) -> float:
+    """1 - sum_i w_i ||g_i·P_i - M||^2 / sum_i w_i ||P_i||^2, streamed one part of every model at a time."""
+    spread, norm2 = objective_terms(spec, sources, elements, weights)
+    return 1.0 - spread / norm2
+
+
+@dataclass
+class Step:
+    """One model's match: its new element, the seconds it took and, where the matcher knows it exactly, the
+    objective's change from the current element (None: `rounds` recomputes the objective over every model)."""
+
+    g: dict[str, torch.Tensor]
+    seconds: float
+    gain: float | None = None
 
 
 @dataclass
@@ -95,22 +128,24 @@ class ManyResult:
     pairwise_seconds: float = 0.0  # time inside the pairwise matcher
     extra: dict = field(default_factory=dict)
     round_seconds: list[float] = field(default_factory=list)  # each round's time, its objectives included
+    converged: bool = False  # the last round gained at most `tol` (False: `max_rounds` stopped it)
+    tol: float = ROUND_TOL
 
 
 def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, identity: dict, max_rounds: int = 10,
-           seed: int = 0, tol: float = 1e-12, progress: bool = False, desc: str = "merge rounds") -> ManyResult:
-    """The schedule of the module docstring for any matcher: `match(i, keep, elements, g0)` returns
-    (model i's element bringing it to the weighted mean of `g_j·P_j` over `keep`, seconds), starting from
-    `g0` where the matcher takes a start (None: from the identity); `value_of(elements)` is the objective
-    (higher is better), recomputed over every model. A new element is kept only if the objective does
-    not decrease, so the history never decreases."""
+           seed: int = 0, tol: float = ROUND_TOL, progress: bool = False, desc: str = "merge rounds") -> ManyResult:
+    """The schedule of the module docstring for any matcher: `match(i, keep, elements, g0)` returns a `Step`
+    (model i's element bringing it to the weighted mean of `g_j·P_j` over `keep`), starting from `g0` where
+    the matcher takes a start (None: from the identity); `value_of(elements)` is the objective (higher is
+    better), recomputed over every model where a later round's `Step` has no exact gain. A new element is
+    kept only if the objective does not decrease, so the history never decreases."""
     from ..progress import tqdm
 
     start = time.perf_counter()
     elements = [dict(identity) for _ in range(n)]
     history = [value_of(elements)]
     gen = torch.Generator().manual_seed(seed)
-    orders, rejected, inner, took = [], 0, 0.0, []
+    orders, rejected, inner, took, converged = [], 0, 0.0, [], False
     for rnd in tqdm(range(max_rounds), desc=desc, disable=not progress):
         t_round = time.perf_counter()
         order = torch.randperm(n, generator=gen).tolist()
@@ -118,8 +153,8 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
         if rnd == 0:  # each model to the mean of those visited before it, from the identity
             trial = [dict(identity) for _ in range(n)]
             for k, i in enumerate(order[1:], start=1):
-                trial[i], s = match(i, order[:k], trial, None)
-                inner += s
+                step = match(i, order[:k], trial, None)
+                trial[i], inner = step.g, inner + step.seconds
             value = value_of(trial)
             if value >= history[-1]:
                 elements = trial
@@ -128,10 +163,10 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
         else:  # each model to the mean of all the others, from its current element
             value = history[-1]
             for i in order:
-                cand, s = match(i, [j for j in range(n) if j != i], elements, elements[i])
-                inner += s
-                trial = [*elements[:i], cand, *elements[i + 1:]]
-                new = value_of(trial)
+                step = match(i, [j for j in range(n) if j != i], elements, elements[i])
+                inner += step.seconds
+                trial = [*elements[:i], step.g, *elements[i + 1:]]
+                new = value + step.gain if step.gain is not None else value_of(trial)
                 if new >= value:
                     elements, value = trial, new
                 else:
@@ -139,27 +174,42 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
         history.append(value)
         took.append(time.perf_counter() - t_round)
         if rnd > 0 and history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30):
+            converged = True
             break
-    return ManyResult(elements, history, orders, time.perf_counter() - start, rejected, inner, round_seconds=took)
+    return ManyResult(elements, history, orders, time.perf_counter() - start, rejected, inner, round_seconds=took,
+                      converged=converged, tol=tol)
 
 
 def weight_match_many(spec: Spec, sources: list, weights: list[float], families: list[str] | None = None,
-                      max_rounds: int = 10, max_iters: int = 20, seed: int = 0, tol: float = 1e-12,
-                      dtype: torch.dtype = G.DTYPE, progress: bool = False, products: str | None = None) -> ManyResult:
+                      max_rounds: int = 10, max_iters: int = 20, seed: int = 0, tol: float = ROUND_TOL,
+                      dtype: torch.dtype = G.DTYPE, progress: bool = False, products: str | None = None,
+                      cache_on_disk: bool | None = None) -> ManyResult:
     """The elements bringing every model of `sources` (canonical dicts or `LazyModel`s of one shape) into
     shared coordinates, by the schedule in the module docstring; `weights` sum to 1; `products` as
-    `weight.weight_match`'s."""
+    `weight.weight_match`'s. `cache_on_disk`: where each match's target mean is kept (None: on disk when
+    some source streams from a checkpoint, in memory when all are in memory)."""
+    from ..model import InMemoryParts
+
     srcs = as_parts(sources, dtype)
+    on_disk = (not all(isinstance(s, InMemoryParts) for s in srcs)) if cache_on_disk is None else cache_on_disk
+    norm2 = {}  # sum_j w_j ||P_j||^2, from the first objective (it does not move)
+
+    def value_of(elements):
+        spread, norm2["all"] = objective_terms(spec, srcs, elements, weights)
+        return 1.0 - spread / norm2["all"]
 
     def match(i, keep, elements, g0):
         t0 = time.perf_counter()
-        target = MeanParts(spec, srcs, elements, weights, keep, dtype)
-        res = weight_match(spec, target, srcs[i], families, max_iters, g0=g0, dtype=dtype, products=products)
-        return res.g, time.perf_counter() - t0
+        with PartCache(part_keys(spec.shape), on_disk) as target:
+            target.fill(MeanParts(spec, srcs, elements, weights, keep, dtype).part)
+            res = weight_match(spec, target, srcs[i], families, max_iters, g0=g0, dtype=dtype, products=products)
+        d = res.extra["distances"]  # to the mean of `keep`: at g0 (or the identity), and at the end
+        others = math.fsum(weights[j] for j in keep)
+        gain = weights[i] * others * (d[0] - d[-1]) / norm2["all"] if len(keep) == len(srcs) - 1 else None
+        return Step(res.g, time.perf_counter() - t0, gain)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
-    return rounds(len(srcs), lambda el: objective(spec, srcs, el, weights), match, identity, max_rounds, seed, tol,
-                  progress)
+    return rounds(len(srcs), value_of, match, identity, max_rounds, seed, tol, progress)
 
 
 # --- activation matching of many models -------------------------------------------------------------------
@@ -185,7 +235,7 @@ def average_loss(models: list, elements: list[dict], weights: list[float], batch
 
 
 def activation_match_many(models: list, weights: list[float], batches: list[dict], families: list[str] | None = None,
-                          max_rounds: int = 10, seed: int = 0, tol: float = 1e-12, progress: bool = False) -> ManyResult:
+                          max_rounds: int = 10, seed: int = 0, tol: float = ROUND_TOL, progress: bool = False) -> ManyResult:
     """Activation matching of many in-memory `Model`s, by the schedule of the module docstring: model i is
     matched (`activation.activation_match`, from scratch) to the leave-one-out mean *model* of the others,
     whose activations come from running it. The objective is minus the stock HF loss of the weighted
@@ -200,7 +250,7 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
         t0 = time.perf_counter()
         target = mean_model(models, elements, weights, keep)
         g = activation_match(target, models[i], batches, families).g
-        return g, time.perf_counter() - t0
+        return Step(g, time.perf_counter() - t0)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     value = lambda el: -average_loss(models, el, weights, batches, forward)  # noqa: E731

@@ -241,8 +241,16 @@ class ManyAlignment:
     figures: dict
 
 
+def _many_signature_default(name: str):
+    from .many import weight_match_many
+
+    return _signature_default(weight_match_many, name)
+
+
 MANY_OPTIONS = {o.name: o for o in (
     Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", at_least(1)),
+    Option("round_tol", _many_signature_default("tol"), "weight/activation rounds stop after one that improves the "
+           "objective by at most this much, relative (the report's 'converged')", at_least(0.0, float)),
     Option("order_seed", 0, "seed of the order the models are visited in, each round", int),
     Option("val_simplex_points", 4, "learned/dual: Dirichlet points of the validation objective, besides the merge "
            "weights", at_least(1)),
@@ -256,8 +264,8 @@ def _in_memory(source) -> Model:
 
 def _many_figures(res, name: str) -> dict:
     return {"objective_name": name, "objective": res.history, "rounds": len(res.history) - 1, "orders": res.orders,
-            "updates_not_kept": res.rejected, "seconds": res.seconds, "pairwise_seconds": res.pairwise_seconds,
-            "round_seconds": res.round_seconds}
+            "converged": res.converged, "round_tol": res.tol, "updates_not_kept": res.rejected, "seconds": res.seconds,
+            "pairwise_seconds": res.pairwise_seconds, "round_seconds": res.round_seconds}
 
 
 def _run_weight_many(sources, weights, families, data, opts, start=None, progress: bool = False) -> ManyAlignment:
@@ -266,7 +274,7 @@ def _run_weight_many(sources, weights, families, data, opts, start=None, progres
     spec = sources[0].spec
     sources = [s.params if isinstance(s, Model) else s for s in sources]  # in memory, or read part by part
     res = weight_match_many(spec, sources, weights, families, opts["max_rounds"], opts["max_iters"],
-                            opts["order_seed"], dtype=getattr(torch, opts["precision"]), progress=progress,
+                            opts["order_seed"], opts["round_tol"], dtype=getattr(torch, opts["precision"]), progress=progress,
                             products=opts["cost_products"])
     name = ("similarity to the mean = 1 - sum_i w_i ||g_i.M_i - mean||^2 / sum_i w_i ||M_i||^2 over canonical "
             "tensors")
@@ -277,7 +285,7 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
     from .many import activation_match_many
 
     res = activation_match_many([_in_memory(s) for s in sources], weights, data.train, families, opts["max_rounds"],
-                                opts["order_seed"], progress=progress)
+                                opts["order_seed"], opts["round_tol"], progress=progress)
     figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
     figures["average_loss"] = [-v for v in res.history]
     return ManyAlignment("activation", res.elements, figures)
@@ -291,6 +299,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
     res = learn_many([_in_memory(s) for s in sources], weights, data.train, data.val, cfg, init=start.elements,
                      val_points=opts["val_simplex_points"])
     figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
+               "converged": start.figures["converged"], "round_tol": start.figures["round_tol"],
                "seconds": start.figures["seconds"] + res.report["time_s"], "weight_matching": start.figures}
     return ManyAlignment(method, res.elements, figures)
 

@@ -100,7 +100,8 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     for key in tqdm(keys, desc="weight matching: start", disable=not progress, leave=False):
         run.start_part(key, total, ends)
     norm2 = total.norm2()
-    history = [1.0 - total.distance(*run.residual()) / norm2]
+    distances = [total.distance(*run.residual())]  # ||A - g.B||^2 after each sweep (0: the start)
+    history = [1.0 - distances[0] / norm2]
     first = g0 is None
     if first and (fit_rot or fit_scale):
         with run.timer("rotation"):
@@ -120,11 +121,12 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
                 run.set_residual(*new)
             else:
                 run.rejected += 1
-        history.append(1.0 - fit.distance(*run.residual()) / norm2)
+        distances.append(fit.distance(*run.residual()))
+        history.append(1.0 - distances[-1] / norm2)
         if first and history[-1] < history[0]:  # the initial sweep made things worse: start again
-            run.g, restarted, history[-1] = dict(g), True, history[0]
+            run.g, restarted, history[-1], distances[-1] = dict(g), True, history[0], distances[0]
         first = False
         if it > 0 and history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30):
             break
-    extra = {"restarted": restarted, "seconds_by_step_kind": run.seconds}
+    extra = {"restarted": restarted, "seconds_by_step_kind": run.seconds, "distances": distances, "norm2": norm2}
     return MatchResult(run.g, history, time.perf_counter() - start, run.rejected, run.steps, extra)

@@ -1,0 +1,67 @@
+"""A model-sized set of canonical tensors written once, part by part, and read back many times.
+
+Many-model weight matching matches each model to the leave-one-out mean of the others; forming that mean
+means reading every other model's part and moving it by its element (`apply`), which a matching run
+would otherwise repeat in every sweep. `PartCache` holds the mean instead, served like a `LazyModel`
+(`part(key)`):
+
+- in memory, when every source is in memory already (a model more costs nothing new in kind);
+- on disk, when the sources stream from checkpoints: one safetensors file per part in a temporary
+  folder (`tempfile`, so `TMPDIR` chooses where), so that the resident memory stays one part of each
+  model as in pairwise matching; the folder takes one model in the algebra's dtype and is removed
+  when the cache is closed.
+
+Reads return fresh tensors (a caller may change them), in the dtype they were written in.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+class PartCache:
+    def __init__(self, keys: list, on_disk: bool):
+        self.keys, self.on_disk = list(keys), on_disk
+        self._mem: dict = {}
+        self._dir = tempfile.TemporaryDirectory(prefix="symmerge-mean-") if on_disk else None
+
+    def _file(self, key) -> Path:
+        return Path(self._dir.name) / f"{key}.safetensors"
+
+    def fill(self, part: Callable[[object], dict]) -> PartCache:
+        """Write `part(key)` for every key (one part held at a time)."""
+        from safetensors.torch import save_file
+
+        for key in self.keys:
+            tensors = {k: v.contiguous() for k, v in part(key).items()}  # one layout either way: equal sums
+            if self.on_disk:
+                save_file(tensors, str(self._file(key)))
+            else:
+                self._mem[key] = tensors
+            del tensors
+        return self
+
+    def part(self, key) -> dict[str, torch.Tensor]:
+        if key not in self.keys:
+            raise KeyError(f"part {key!r} is not cached (parts: {self.keys})")
+        if self.on_disk:
+            from safetensors.torch import load_file
+
+            return load_file(str(self._file(key)))
+        return {k: v.clone() for k, v in self._mem[key].items()}
+
+    def close(self) -> None:
+        self._mem.clear()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> PartCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
