@@ -375,6 +375,10 @@ FAULTS = [
     ("full-disk-train-first-save", lambda c, o: _train(c, o, "--preset", "tiny", "--steps", "2"), FULL, "full"),
     ("full-disk-barrier-json", lambda c, o: _barrier(c, "--points", "3", "--json", o), FULL, "full-write"),
     ("full-disk-eval-json", lambda c, o: ["eval", _p(c, "a"), "--data", _p(c, "text"), "--json", o], FULL, "full-write"),
+    ("data-hf-unknown-offline", lambda c, o: ["eval", _p(c, "a"), "--data", "hf:nobody/no-such-dataset"],
+     "not in the local cache and HF_HUB_OFFLINE is set", "offline"),
+    ("data-hf-unknown-no-network", lambda c, o: ["eval", _p(c, "a"), "--data", "hf:nobody/no-such-dataset"],
+     "cannot be reached", "no-network"),
     ("no-write-permission-transform", lambda c, o: ["transform", _p(c, "a"), "-o", o], "no write permission", "locked"),
     ("no-write-permission-merge", lambda c, o: _merge(c, o), "no write permission", "locked"),
 ]
@@ -400,6 +404,17 @@ def _out(ctx, fault, monkeypatch) -> Path:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
 
         monkeypatch.setattr(Path, "write_text", cut)
+        return ctx["root"] / "out"
+    if fault in ("offline", "no-network"):  # hf:NAME that no cache holds: refused at once, not after retries
+        pytest.importorskip("datasets", reason="hf:NAME needs the optional datasets package")
+        import symmerge.data as data
+
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            monkeypatch.delenv(var, raising=False)
+        if fault == "offline":
+            monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        else:  # this machine may have a network: the probe answers as it would without one
+            monkeypatch.setattr(data, "_reachable", lambda url, timeout: False)
         return ctx["root"] / "out"
     if fault == "locked":  # root may write anywhere: os.access answers as it would an ordinary user
         locked = ctx["root"] / "locked"

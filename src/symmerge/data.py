@@ -18,6 +18,8 @@ Everything is deterministic: the same call returns the same batches, in file ord
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -180,9 +182,22 @@ def _hf_items(model_dir: Path, config, name: str, split: str, seq_len: int | Non
         raise SymmergeError("hf:NAME needs the optional 'datasets' package: pip install 'symmerge[datasets]'") from None
     hf_split = {"validation": "validation", "test": "test", "train": "train"}.get(split, split)
     try:
-        ds = datasets.load_from_disk(name) if Path(name).is_dir() else datasets.load_dataset(name)
+        if Path(name).is_dir():
+            ds = datasets.load_from_disk(name)
+        else:
+            with _hub_offline_unless_reachable(datasets) as why:
+                try:
+                    ds = datasets.load_dataset(name)
+                except (ConnectionError, FileNotFoundError) as e:
+                    if why is None:
+                        raise
+                    raise SymmergeError(f"dataset {name} is not in the local cache and {why}: run once with network "
+                                        "access to cache it, or pass hf:FOLDER (a folder written by "
+                                        "Dataset.save_to_disk)") from e
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[hf_split]
+    except SymmergeError:
+        raise
     except (KeyError, FileNotFoundError, ValueError, OSError) as e:
         raise SymmergeError(f"cannot load dataset {name} split {hf_split}: {str(e).splitlines()[0]}") from None
     if is_vision(config):
@@ -203,3 +218,55 @@ def describe_data(data: str) -> dict:
     p = Path(data)
     return {"data": data if data == "digits" or data.startswith("hf:") else str(p.resolve())} | (
         {"bytes": p.stat().st_size} if p.is_file() else {})
+
+
+#: seconds the Hugging Face Hub gets to answer a connection before hf:NAME is loaded from the cache only
+HUB_PROBE_SECONDS = 3.0
+_FALSE = ("", "0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def _hub_offline_unless_reachable(datasets):
+    """Yields None when the Hub can be reached, else why not (offline by HF_HUB_OFFLINE /
+    HF_DATASETS_OFFLINE, or no answer within HUB_PROBE_SECONDS); while it cannot, `datasets` and
+    `huggingface_hub` run offline (cached datasets still load), so that an unknown name fails at once
+    rather than after a minute of retries."""
+    import huggingface_hub.constants as hub
+
+    env = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "").strip().lower() not in _FALSE]
+    why = f"{env[0]} is set (offline mode)" if env else None
+    if why is None and not _reachable(hub.ENDPOINT, HUB_PROBE_SECONDS):
+        why = f"{hub.ENDPOINT} cannot be reached (no network?)"
+    if why is None:
+        yield None
+        return
+    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield why
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
+
+
+def _reachable(url: str, timeout: float) -> bool:
+    """Whether a TCP connection to `url`'s host opens within `timeout` seconds (name lookup included:
+    it runs in a thread that is abandoned, not waited for, when it takes longer)."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+    ok = []
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
