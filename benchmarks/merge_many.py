@@ -3,7 +3,7 @@ averaging, weight matching and learned/dual matching, and the cost (time and pea
 N-model weight matching against N pairwise weight matchings of the same models, side by side in one run.
 
     python benchmarks/merge_many.py --models M1 M2 M3 M4 --data PATH --out DIR [--methods weight,learned,dual]
-        [--steps 150] [--lr 5e-3] [--batch-size 16] [--train-batches 16] [--test-batches 8]
+        [--steps 150] [--lr 5e-3] [--learned-steps N] [--learned-lr R] [--batch-size 16] [--train-batches 16] [--test-batches 8]
         [--simplex-points 8] [--memory] [--json F]
 
 Two models of different widths (a width pair) are expanded into the wider one ("plain" is then the
@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--methods", default="weight,dual")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--learned-steps", type=int, default=None, help="learned: steps (default: --steps)")
+    ap.add_argument("--learned-lr", type=float, default=None, help="learned: rate (default: --lr)")
     ap.add_argument("--eval-every", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--train-batches", type=int, default=16)
@@ -171,8 +173,10 @@ def main() -> None:
                               "ratio_mean_later_round": (sum(rs[1:]) / len(rs[1:]) / pair["seconds"]
                                                          if len(rs) > 1 else None)}
             print("cost", json.dumps(report["cost"]), flush=True)
+        own = {**opts, **({"steps": args.learned_steps or args.steps, "lr": args.learned_lr or args.lr}
+                          if method == "learned" else {})}
         rep = merge_models(args.models, out / f"{method}-merged", method=method, aligned=out / f"{method}-aligned",
-                           force=True, opts=opts, data=data, start=weight)
+                           force=True, opts=own, data=data, start=weight)
         aligned = [out / f"{method}-aligned" / str(i + 1) for i in range(len(args.models))]
         rows[method] = barrier_row(aligned, test, args.simplex_points)
         keep = ("objective", "rounds", "converged", "round_tol", "seconds", "round_seconds", "updates_not_kept",
