@@ -29,8 +29,9 @@ def logged(lazy: LazyModel, log: list) -> LazyModel:
     read = lazy.part
 
     def part(key):
-        log.append((key, time.perf_counter(), rss_gib()))
-        print(f"part {key} at {log[-1][1] - log[0][1]:.1f} s, RSS {log[-1][2]:.2f} GiB", flush=True)
+        log.append((key, time.perf_counter(), rss_gib(), time.process_time()))
+        print(f"\npart {key} at {log[-1][1] - log[0][1]:.1f} s (CPU {log[-1][3] - log[0][3]:.1f} s), RSS "
+              f"{log[-1][2]:.2f} GiB", flush=True)
         return read(key)
 
     lazy.part = part
@@ -46,12 +47,14 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--precision", choices=("float32", "float64"), default="float32")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape has (per-block figures "
+                    "at full width; the same folders as weight_matching_scale.py --layers)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
-    root = Path(args.folder) / args.shape
+    root = Path(args.folder) / (args.shape + (f"-L{args.layers}" if args.layers else ""))
     for side, seed in (("a", 0), ("b", 1)):
-        write_random_checkpoint(root / side, args.shape, seed)
+        write_random_checkpoint(root / side, args.shape, seed, args.layers)
     on_disk = sum(f.stat().st_size for f in root.glob("*/*.safetensors"))
     log: list = []
     a, b = logged(LazyModel(root / "a", dtype), log), LazyModel(root / "b", dtype)
@@ -62,18 +65,23 @@ def main() -> None:
         batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     print(f"{args.shape}: {a.shape.n_layers} layers, d={a.shape.d_model}, d_mlp={a.shape.d_mlp}; both checkpoints "
           f"{on_disk / 2**30:.2f} GiB on disk (bf16); RSS before {rss_gib():.2f} GiB", flush=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = activation_match_streaming(a, b, batches, a.spec.default_families(), max_tokens=10**9, dtype=dtype,
                                      progress=True)
-    total, rss_end = time.perf_counter() - t0, rss_gib()
-    blocks = [(k, t, r) for k, t, r in log if isinstance(k, int)]
+    total, cpu, rss_end = time.perf_counter() - t0, time.process_time() - c0, rss_gib()
+    blocks = [entry for entry in log if isinstance(entry[0], int)]
     walk = blocks[-a.shape.n_layers:]  # the matching pass (the config probe reads every block first)
-    per_block = statistics.median(y[1] - x[1] for x, y in zip(walk, walk[1:]))
+    if len(walk) > 1:
+        per_block = statistics.median(y[1] - x[1] for x, y in zip(walk, walk[1:]))
+        per_block_cpu = statistics.median(y[3] - x[3] for x, y in zip(walk, walk[1:]))
+    else:
+        per_block = per_block_cpu = float("nan")
     print(f"{res.extra['fit']['tokens']} tokens ({args.batches} x {args.batch_size} x {args.seq_len}), "
           f"{args.precision} forward and statistics, {args.threads} thread(s)")
-    print(f"whole run {total:.1f} s; {per_block:.1f} s per block (median); objective {res.history[0]:.6f} -> "
+    print(f"whole run {total:.1f} s (process CPU {cpu:.1f} s: less than the wall time when other jobs share the "
+          f"cores); {per_block:.1f} s per block (median; CPU {per_block_cpu:.1f} s); objective {res.history[0]:.6f} -> "
           f"{res.history[-1]:.6f}; residual r2 {res.extra['fit'].get('residual_r2', float('nan')):.4f}")
-    series = ", ".join(f"{k}: {r:.2f}" for k, _, r in walk)
+    series = ", ".join(f"{k}: {r:.2f}" for k, _, r, _ in walk)
     print(f"peak RSS (GiB) when each block is read: {series}")
     print(f"peak RSS at the end {rss_end:.2f} GiB")
 

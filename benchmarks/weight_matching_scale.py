@@ -106,9 +106,10 @@ class Source:
         self.lazy, self.log, self.echo = lazy, log, echo
 
     def part(self, key):
-        self.log.append((key, time.perf_counter(), rss_gib()))
+        self.log.append((key, time.perf_counter(), rss_gib(), time.process_time()))
         if self.echo:
-            print(f"part {key} at {self.log[-1][1] - self.log[0][1]:.1f} s, RSS {self.log[-1][2]:.2f} GiB", flush=True)
+            print(f"part {key} at {self.log[-1][1] - self.log[0][1]:.1f} s (CPU {self.log[-1][3] - self.log[0][3]:.1f} s), "
+                  f"RSS {self.log[-1][2]:.2f} GiB", flush=True)
         return self.lazy.part(key)
 
 
@@ -151,12 +152,13 @@ def main() -> None:
     fams = args.groups.split(",") if args.groups else a.spec.default_families()
     res = weight_mod.weight_match(a.spec, Source(a, log, echo=True), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
                                   dtype=dtype, progress=False, products=args.cost_products)
-    end, rss_end = time.perf_counter(), rss_gib()
+    end, cpu_end, rss_end = time.perf_counter(), time.process_time(), rss_gib()
     n_parts = len(keys)
     sweep_start = log[n_parts][1]  # the first part read by sweep 1 (sweeps read only the blocks: `weight_stream`)
     mid = log[n_parts + a.shape.n_layers // 2]  # sweep 1 reaching the middle block
     sweeps = len(res.history) - 1
     per_sweep = (end - sweep_start) / sweeps
+    cpu_per_sweep = (cpu_end - log[n_parts][3]) / sweeps
     kinds = res.extra["seconds_by_step_kind"]
     reading = kinds.get("reading", 0.0)
     assign, maps = seconds.get("assignment", 0.0), seconds.get("procrustes_maps", 0.0)
@@ -167,16 +169,17 @@ def main() -> None:
     print(f"{args.shape}: {a.shape.n_layers} layers, d={a.shape.d_model}, d_mlp={a.shape.d_mlp}, {n / 1e6:.0f}M "
           f"canonical parameters, {args.precision} algebra, cost products {args.cost_products}, {args.threads} threads, "
           f"groups {','.join(fams)}")
-    print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep")
+    print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep (process CPU "
+          f"{cpu_per_sweep:.1f}s: less than the wall time when other jobs share the cores)")
     print(f"whole run {total:.1f}s = reading {reading:.1f} + assignment {assign:.1f} + procrustes/maps {maps:.1f} "
           f"+ cost matrices and the rest {cost:.1f}")
     print(f"floor: plain read of both {read_s:.1f}s + assignments per sweep {assign / sweeps:.1f}s; "
           f"sweep / floor = {per_sweep / (read_s + assign / sweeps):.2f}")
-    reads = [t for _, t, _ in log[n_parts:n_parts + a.shape.n_layers]] + [end]
+    reads = [t for _, t, _, _ in log[n_parts:n_parts + a.shape.n_layers]] + [end]
     print("sweep 1, seconds per block (the last with the residual solve): "
           + ", ".join(f"{y - x:.1f}" for x, y in zip(reads, reads[1:])))
     print(f"peak RSS: at the middle block of sweep 1 {mid[2]:.2f} GiB, at the end {rss_end:.2f} GiB")
-    series = ", ".join(f"{k}: {r:.2f}" for k, _, r in log[n_parts:n_parts + a.shape.n_layers])
+    series = ", ".join(f"{k}: {r:.2f}" for k, _, r, _ in log[n_parts:n_parts + a.shape.n_layers])
     print(f"peak RSS (GiB) when sweep 1 starts reading each part: {series}")
     print(f"similarity {res.history[0]:.6f} -> {res.history[-1]:.6f}")
 

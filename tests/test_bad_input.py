@@ -324,7 +324,11 @@ CASES = [
     ("barrier3-device-cuda", lambda c, o: _barrier3(c, "--device", "cuda"), "no CUDA GPU"),
     ("align-dual-device-cuda", lambda c, o: _align(c, o, "--method", "dual", "--data", _p(c, "text"), "--device", "cuda"),
      "no CUDA GPU"),
-    ("align-weight-dtype", lambda c, o: _align(c, o, "--dtype", "bfloat16"), "are for --method learned or dual"),
+    ("align-weight-dtype", lambda c, o: _align(c, o, "--dtype", "bfloat16"), "is for --method learned or dual"),
+    ("align-weight-device-cuda", lambda c, o: _align(c, o, "--device", "cuda"), "no CUDA GPU"),
+    ("align-weight-device-cuda-index", lambda c, o: _align(c, o, "--device", "cuda:1"), "no CUDA GPU"),
+    ("align-activation-device", lambda c, o: _align(c, o, "--method", "activation", "--data", _p(c, "text"), "--device",
+                                                    "cpu"), "--device is for --method"),
     ("demo-device-cuda", lambda c, o: _demo(c, o, "--device", "cuda"), "no CUDA GPU"),
     # merge by the data-driven methods; mixed widths in merge and the barrier of n models (issue 14, helper many)
     *[(f"merge-{m}-without-data", lambda c, o, m=m: _merge(c, o, "--method", m), "needs --data")

@@ -156,3 +156,27 @@ def test_cli_align_streams_sharded_half_precision(tmp_path):
     sb = b.state_dict()
     assert float((sa[k].float() - sb[k].float()).norm() / sa[k].float().norm()) > 0.5  # negative control
 
+
+
+def test_weight_matching_device_cpu_equals_the_default(tmp_path):
+    """`align --method weight --device cpu` (the products and Procrustes solves placed on a named device) writes
+    what the default writes, and the report says where they ran; `weight_match(device=...)` equals no device.
+    (Where `cuda` is named without a GPU the command refuses: tests/test_bad_input.py.)"""
+    from symmerge import cli
+    from symmerge.match.weight import weight_match
+
+    a, b = _deep_gpt2(tmp_path, "a", 0, layers=2), _deep_gpt2(tmp_path, "b", 1, layers=2)
+    A, B = load_model(a), load_model(b)
+    plain = weight_match(A.spec, A.params, B.params, max_iters=2)
+    placed = weight_match(A.spec, A.params, B.params, max_iters=2, device="cpu")
+    assert placed.history == plain.history and plain.history[-1] > plain.history[0]
+    assert all(torch.equal(placed.g[k], plain.g[k]) for k in plain.g)
+    outs = {}
+    for name, extra in (("default", []), ("cpu", ["--device", "cpu"])):
+        argv = ["align", str(a), str(b), "-o", str(tmp_path / name), "--max-iters", "2", "--json",
+                str(tmp_path / f"{name}.json"), *extra]
+        assert cli.main(argv) == 0
+        outs[name] = _all_tensors(tmp_path / name)
+    assert json.loads((tmp_path / "cpu.json").read_text())["device"] == "cpu"
+    assert outs["cpu"].keys() == outs["default"].keys()
+    assert all(torch.equal(outs["cpu"][k], outs["default"][k]) for k in outs["default"])

@@ -57,8 +57,8 @@ def _ones_complement_basis(n: int) -> torch.Tensor:  # a QR of n x n: worth keep
 def orthogonal_fixing_ones(r: torch.Tensor) -> torch.Tensor:
     """`O = 11^T/n + U R U^T` for `R` in O(n-1): orthogonal, and `O 1 = 1`."""
     n = r.shape[-1] + 1
-    u = ones_complement_basis(n)
-    return torch.full((n, n), 1.0 / n, dtype=DTYPE) + u @ r @ u.T
+    u = ones_complement_basis(n).to(r.device)
+    return torch.full((n, n), 1.0 / n, dtype=DTYPE, device=r.device) + u @ r @ u.T
 
 
 def _log_uniform(shape, gen, spread: float) -> torch.Tensor:

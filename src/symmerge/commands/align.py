@@ -41,12 +41,17 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
-    devices.add_arguments(p, f"the forward of {'/'.join(forward_methods())}")
+    devices.add_arguments(p, f"the forward of {'/'.join(forward_methods())} (weight matching: its cost matrices, "
+                          "residual products and Procrustes solves; --dtype is for the forward only)")
     p.set_defaults(run=run, spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes
 
 
 def forward_methods() -> list[str]:
     return [m.name for m in registry.MATCHERS.values() if m.forward]
+
+
+def placed_methods() -> list[str]:
+    return [m.name for m in registry.MATCHERS.values() if m.places]
 
 
 def add_option(p, opt, text: str | None = None) -> None:
@@ -146,7 +151,7 @@ def _meta(rep: dict) -> dict:
     return {"align": {k: rep[k] for k in ("method", "a", "b", "groups_selected", "objective")}}
 
 
-def align_streamed(args, matcher, families, opts):
+def align_streamed(args, matcher, families, opts, place):
     """A streaming matcher (weight, activation) from the checkpoints, one block at a time, and OUT written block
     by block."""
     import torch
@@ -156,8 +161,11 @@ def align_streamed(args, matcher, families, opts):
 
     data = _data(args, matcher, opts)
     a, b = _load_pair(args, families, getattr(torch, opts["precision"]))
-    result = registry.align(matcher.name, a, b, families, data, opts=opts, progress=True)
+    runtime = {"device": place.device} if matcher.places else {}
+    result = registry.align(matcher.name, a, b, families, data, opts=opts, progress=True, **runtime)
     rep = report(args, b, result, families)
+    if matcher.places:
+        rep["device"] = str(place.device)
     g = result.elements["B"]
     dtype = out_dtype.resolve(args) or b.dtype
     gauge, side = in_gauge_of(args.a, args.out, dtype)
@@ -178,7 +186,7 @@ def in_gauge_of(a, out, dtype):
     return gauge, side_files([a, out], mergekit_base(a, out), dtype)
 
 
-def align_in_memory(args, matcher, families, opts):
+def align_in_memory(args, matcher, families, opts, place):
     """A matcher of B alone on models in memory (activation): OUT = g·B."""
     from ..apply import apply
     from ..model import save_model
@@ -214,7 +222,7 @@ def run(args) -> int:
         place, opts, families = group.agree(lambda: _checked(args, matcher))
         return run_learned(args, matcher, families, opts, place)
     place, opts, families = _checked(args, matcher)
-    rep = (align_streamed if matcher.streams else align_in_memory)(args, matcher, families, opts)
+    rep = (align_streamed if matcher.streams else align_in_memory)(args, matcher, families, opts, place)
     if args.json:
         write_report(args.json, "align", rep)
     print(f"wrote {args.out}: {args.b} aligned to {args.a} by {args.method} matching; similarity "
@@ -227,9 +235,12 @@ def _checked(args, matcher):
     from ..io import prepare_output
 
     place = devices.resolve(args)
-    if not matcher.forward and (args.device or args.dtype):
-        raise SymmergeError(f"--device and --dtype are for --method {' or '.join(forward_methods())}; "
-                            f"{args.method} matching runs on the CPU, in --precision")
+    if not matcher.forward and args.dtype:
+        raise SymmergeError(f"--dtype is for --method {' or '.join(forward_methods())} (the forward's precision); "
+                            f"{args.method} matching computes in --precision")
+    if not matcher.forward and not matcher.places and args.device:
+        raise SymmergeError(f"--device is for --method {' or '.join([*forward_methods(), *placed_methods()])}; "
+                            f"{args.method} matching runs on the CPU")
     opts = registry.options_for(matcher.name, vars(args))
     if not args.resume:
         prepare_output(args.out, args.force, [args.a, args.b])  # fail before any work

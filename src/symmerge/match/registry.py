@@ -11,7 +11,8 @@ A matcher is registered with
 - `run(a, b, families, data, opts, start, **runtime) -> Alignment`, `opts` holding every option of
   the matcher and its start (`options_for`), `runtime` what does not change the result (`progress`)
   or belongs to one call (`checkpoint`, `resume` of learned matching; `device`, `dtype` of the
-  matchers with `forward`: where their forward runs, `devices.Placement`).
+  matchers with `forward`: where their forward runs, `devices.Placement`; `device` of the matchers that
+  `places`: where their large products run).
 
 A matcher may also have a many-model form (`many`), run by `align_many` for `symmerge merge`: every model
 brought into shared coordinates, its options the matcher's and `MANY_OPTIONS`.
@@ -170,6 +171,7 @@ class Matcher:
     starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
+    places: bool = False  # runs its large products where runtime `device` says (weight matching; no `dtype`)
     check: Callable | None = None  # check(families, opts): refuse bad options before any work
     many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
 
@@ -185,9 +187,9 @@ def _from_match(method: str, res, start=None) -> Alignment:
     return Alignment(method, {"B": res.g}, figures, start)
 
 
-def _run_weight(a, b, families, data, opts, start, progress: bool = False) -> Alignment:
+def _run_weight(a, b, families, data, opts, start, progress: bool = False, device=None) -> Alignment:
     res = weight_match(b.spec, _parts(a), _parts(b), families, opts["max_iters"], progress=progress,
-                       dtype=getattr(torch, opts["precision"]), products=opts["cost_products"])
+                       dtype=getattr(torch, opts["precision"]), products=opts["cost_products"], device=device)
     return _from_match("weight", res)
 
 
@@ -306,7 +308,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
 
 MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
-            ("max_iters", "precision", "cost_products"), streams=True, many=_run_weight_many),
+            ("max_iters", "precision", "cost_products"), streams=True, places=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "match activations on --data", True, _run_activation,
             ("precision", *_DATA_OPTIONS), streams=True, many=_run_activation_many),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "

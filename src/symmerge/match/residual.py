@@ -24,6 +24,7 @@ from .. import groups as G
 from ..spec import ROTATION, SCALE, Spec
 from .costs import along
 from .solvers import best_rotation
+from .weight_products import EXACT, Products, cross
 
 
 def sqnorm(x: torch.Tensor) -> float:
@@ -36,8 +37,11 @@ def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 class ResidualFit:
-    def __init__(self, spec: Spec):
-        self.spec = spec
+    """`device`: where the cross-covariances' products and the Procrustes solves run (None: where the tensors
+    are); the statistics themselves stay on the CPU in float64."""
+
+    def __init__(self, spec: Spec, device: torch.device | None = None):
+        self.spec, self.device = spec, device
         d = spec.shape.d_model
         self.c = {True: torch.zeros(d, d, dtype=G.DTYPE), False: torch.zeros(d, d, dtype=G.DTYPE)}  # by "scaled"
         self.bb = {True: [], False: []}  # ||X_T||^2 terms
@@ -59,7 +63,7 @@ class ResidualFit:
             self.aa_moved.append(self.aa[-1])
             scaled = any(act.group == SCALE for act in self.spec.actions[name])
             xa, xb = along(a, rot), along(x, rot)
-            self.c[scaled] += (xa @ xb.T).to(G.DTYPE)
+            self.c[scaled] += cross(xa, xb, Products(EXACT, self.device)).to(G.DTYPE)
             self.bb[scaled].append(sqnorm(xb))
 
     def add_distances(self, A: dict, Y: dict) -> None:
@@ -98,7 +102,7 @@ class ResidualFit:
         best = self.distance(r, a)
         for _ in range(iters if rotation and scale else 1):
             if rotation:
-                r = best_rotation(self.spec.groups[ROTATION], float(a) * self.c[True] + self.c[False])
+                r = best_rotation(self.spec.groups[ROTATION], float(a) * self.c[True] + self.c[False], self.device)
             if scale and bb > 0:
                 q = float((r * self.c[True]).sum())
                 a = torch.tensor(q / bb, dtype=G.DTYPE) if q > 0 else a  # the scale must stay positive

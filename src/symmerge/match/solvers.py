@@ -35,6 +35,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones
+from .weight_products import on_device
 
 
 def linear_assignment(score: torch.Tensor) -> torch.Tensor:
@@ -45,17 +46,20 @@ def linear_assignment(score: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(p)
 
 
-def best_rotation(group, c: torch.Tensor) -> torch.Tensor:
+def best_rotation(group, c: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
     """The member of an orthogonal `group` maximising `tr(O^T c)`: the solver its kind names (Procrustes,
     Procrustes fixing the all-ones vector, or, over permutation matrices, the assignment maximising
-    `sum_i c[i, p[i]]` as a matrix)."""
-    return ROTATION_SOLVERS[group.structure.solver](c)
+    `sum_i c[i, p[i]]` as a matrix). `device`: where a Procrustes solve runs (the result comes back to c's)."""
+    solver = group.structure.solver
+    if solver == "assignment_matrix":  # the assignment runs on the CPU wherever c is
+        return ROTATION_SOLVERS[solver](c)
+    return on_device(ROTATION_SOLVERS[solver], device, c)
 
 
 def procrustes(c: torch.Tensor, fixes_ones: bool = False) -> torch.Tensor:
-    """Orthogonal `O` maximising `tr(O^T c)`; with `fixes_ones`, over the maps with `O 1 = 1`."""
+    """Orthogonal `O` maximising `tr(O^T c)`; with `fixes_ones`, over the maps with `O 1 = 1` (on c's device)."""
     if fixes_ones:
-        u = ones_complement_basis(c.shape[-1])  # [n, n-1]
+        u = ones_complement_basis(c.shape[-1]).to(c.device)  # [n, n-1]
         return orthogonal_fixing_ones(procrustes(u.T @ c @ u))
     w, _, vh = torch.linalg.svd(c)
     return w @ vh

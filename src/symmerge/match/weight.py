@@ -52,7 +52,7 @@ import torch
 
 from .. import groups as G
 from ..spec import Spec
-from .residual import ROTATION, SCALE, ResidualFit
+from .residual import ROTATION, SCALE
 from .weight_stream import StreamRun, sources
 
 
@@ -68,7 +68,8 @@ class MatchResult:
 
 def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters: int = 20,
                  tol: float = 1e-12, g0: dict | None = None, progress: bool = False,
-                 dtype: torch.dtype = G.DTYPE, products: str | None = None) -> MatchResult:
+                 dtype: torch.dtype = G.DTYPE, products: str | None = None,
+                 device: torch.device | str | None = None) -> MatchResult:
     """The element g of the selected families making g·B closest to A.
 
     `A`, `B`: canonical parameter dicts, or anything with `part(key)` (a `model.LazyModel`), read one
@@ -81,7 +82,10 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     groups are solved. `dtype`: the precision of the algebra (float32: less memory and
     faster products at scale; the assignments cost the same). `products`: "bfloat16" computes the cost
     matrices that propose assignments from bfloat16 operands (`weight_products`; faster on CPUs with
-    AMX; candidates are still judged exactly); None: in `dtype`.
+    AMX; candidates are still judged exactly); None: in `dtype`. `device` (None: the CPU): where the large
+    products run (B's blocks under the residual rotation, the assignment costs, the residual
+    cross-covariances) and the Procrustes solves; the parts are read, the assignments solved and the
+    element kept on the CPU, so a GPU changes only where the products run (and their summation order).
     """
     from ..model import part_keys
     from ..progress import tqdm
@@ -91,12 +95,13 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     spec = spec.restricted(families)  # residual_perm: the residual rotation restricted to permutations
     chosen = set(spec.select(families))
     g = {n: (g0[n] if g0 else G.identity(grp)) for n, grp in spec.groups.items()}
-    run = StreamRun(spec, src_a, src_b, chosen, dict(g), None if products == "exact" else products)
+    device = None if device is None else torch.device(device)
+    run = StreamRun(spec, src_a, src_b, chosen, dict(g), None if products == "exact" else products, device)
     fit_rot, fit_scale = ROTATION in chosen, SCALE in chosen
     keys = part_keys(spec.shape)
 
     # sweep 0: the starting objective, and the residual element from the ends alone
-    total, ends = ResidualFit(spec), ResidualFit(spec)
+    total, ends = run.fit(), run.fit()
     for key in tqdm(keys, desc="weight matching: start", disable=not progress, leave=False):
         run.start_part(key, total, ends)
     norm2 = total.norm2()

@@ -19,6 +19,11 @@ circuits): every candidate is still judged by its exact distance in the algebra'
 change is which of two nearly tied assignments is proposed: a stored bf16 checkpoint carries no more
 digits than the operands keep, but canonical tensors (mean-free writers, folded norms) and B under a
 rotation are rounded afresh, by at most 2^-9 relative per entry.
+
+Where the products run: `Products(precision, device)` names a device too (`--device` of weight matching):
+the operands are copied there, multiplied, and the result comes back to the operands' device. On a GPU
+the bf16 form multiplies the rounded operands in float32 (TF32 stays off, torch's default for matmul), so
+the numbers are the CPU's up to summation order.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -34,6 +40,20 @@ EXACT, BF16 = None, "bfloat16"
 CHOICES = ("exact", BF16)
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+class Products(NamedTuple):
+    """How the products run: `precision` (`EXACT` or `BF16`) and `device` (None: where the operands are)."""
+
+    precision: str | None = EXACT
+    device: torch.device | None = None
+
+
+def on_device(fn, device: torch.device | None, *tensors: torch.Tensor) -> torch.Tensor:
+    """`fn(*tensors)` computed on `device` (None: where the tensors are), the result on the first tensor's device."""
+    if device is None or torch.device(device) == tensors[0].device:
+        return fn(*tensors)
+    return fn(*(t.to(device) for t in tensors)).to(tensors[0].device)
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,8 +86,11 @@ def mkl_available() -> bool:
     return _mkl_gemm() is not None
 
 
-def cross(x: torch.Tensor, y: torch.Tensor, products: str | None = EXACT) -> torch.Tensor:
-    """`x @ y^T` over the last axis, batched over the leading ones (see the module docstring)."""
+def cross(x: torch.Tensor, y: torch.Tensor, products: str | Products | None = EXACT) -> torch.Tensor:
+    """`x @ y^T` over the last axis, batched over the leading ones (see the module docstring); `products`: a
+    precision, or `Products` (a precision and a device)."""
+    if isinstance(products, Products):
+        return on_device(lambda a, b: cross(a, b, products.precision), products.device, x, y)
     if products in (EXACT, "exact"):
         return x @ y.transpose(-1, -2)
     if products != BF16:

@@ -19,6 +19,7 @@ from ..apply import apply
 from ..spec import Spec
 from .residual import ROTATION, SCALE, ResidualFit
 from .timer import Timer
+from .weight_products import Products
 from .weight_state import State
 from .weight_steps import descend
 
@@ -35,17 +36,24 @@ class StreamRun:
 
     Each part lives only inside the method that reads it, so at most one part of each model is held."""
 
-    def __init__(self, spec: Spec, src_a, src_b, chosen: set[str], g: dict, products: str | None = None):
+    def __init__(self, spec: Spec, src_a, src_b, chosen: set[str], g: dict, products: str | None = None,
+                 device: torch.device | None = None):
         self.spec, self.src_a, self.src_b, self.chosen, self.g = spec, src_a, src_b, chosen, g
-        self.products = products  # the precision of the assignment costs' products (`weight_products`)
+        # the precision of the assignment costs' products and where they run (`weight_products`); `device` also
+        # runs the residual rotation of B's blocks, the cross-covariances and the Procrustes solves
+        self.products, self.device = Products(products, device), device
         self.res_groups = [n for n in (ROTATION, SCALE) if n in spec.groups]
-        self.fixed = ResidualFit(spec)  # the statistics of the parts that never change (`fixed_parts`)
+        self.fixed = self.fit()  # the statistics of the parts that never change (`fixed_parts`)
         self.fixed_parts = self._fixed_parts()
         # at the identity B's parts need no moving for the starting objective (apply would still multiply)
         self.starts_at_identity = all(torch.equal(x, G.identity(spec.groups[n])) for n, x in g.items())
         self.steps = self.rejected = 0
         self.seconds: dict[str, float] = {}
         self.timer = Timer(self.seconds)
+
+    def fit(self) -> ResidualFit:
+        """Empty residual statistics, their products on the run's device."""
+        return ResidualFit(self.spec, self.device)
 
     def residual(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.g[ROTATION], self.g.get(SCALE, torch.tensor(1.0, dtype=G.DTYPE))
@@ -74,13 +82,22 @@ class StreamRun:
     def _without_residual(self, pb: dict) -> dict:
         return apply(self.spec, {n: x for n, x in self.g.items() if n not in self.res_groups}, pb)
 
+    def _rotated(self, pb: dict) -> dict:
+        """B's part under the residual groups (the products on the run's device, the result where pb is)."""
+        g = {n: self.g[n] for n in self.res_groups}
+        if self.device is None:
+            return apply(self.spec, g, pb)
+        dev = torch.device(self.device)
+        moved = apply(self.spec, {n: x.to(dev) for n, x in g.items()}, {k: v.to(dev) for k, v in pb.items()})
+        return {k: v.to(pb[k].device) for k, v in moved.items()}
+
     def start_part(self, key, total: ResidualFit, ends: ResidualFit) -> None:
         """The start pass: `total` gets the part's terms of the starting objective, `ends` (embeddings and
         head) its statistics, and `fixed` those of a part that never changes."""
         pa, pb = self._read(key)
         with self.timer("residual statistics"):
             if key in self.fixed_parts or not isinstance(key, int):
-                part = ResidualFit(self.spec)
+                part = self.fit()
                 part.add(pa, self._without_residual(pb))
                 if not isinstance(key, int):
                     ends.merge(part)
@@ -93,7 +110,7 @@ class StreamRun:
     def new_fit(self) -> ResidualFit:
         """A sweep's statistics, holding those of the parts that never change already (kept from the start
         pass: sweeps read only the other parts)."""
-        fit = ResidualFit(self.spec)
+        fit = self.fit()
         fit.merge(self.fixed)
         return fit
 
@@ -103,7 +120,7 @@ class StreamRun:
         layer = {n for n in self.chosen if self.spec.groups[n].layer == key} if isinstance(key, int) else set()
         if layer:
             with self.timer("applying"):
-                pr = apply(self.spec, {n: self.g[n] for n in self.res_groups}, pb)
+                pr = self._rotated(pb)
             st = State(self.spec, pa, pr, {n: x for n, x in self.g.items() if self.spec.groups[n].layer == key},
                        self.products)
             n_steps, n_rej = descend(st, layer, first, self.seconds)
