@@ -13,8 +13,9 @@ README prints them, and a pattern that finds those values in README.md:
     PYTHONPATH=src python benchmarks/readme_figures.py --figures demo  # one
     PYTHONPATH=src python benchmarks/readme_figures.py --update        # write the fresh values into README.md
 
-Figures depend on the machine's arithmetic in the last bits (and on the thread count: see the
-determinism section of benchmarks/README.md), so a figure measured elsewhere may differ here.
+Every figure runs at one torch thread (`THREADS`): the thread count changes training in the last bits
+(determinism section of benchmarks/README.md), and the demo's barriers then differ in more than their
+last digits; the machine's arithmetic may change them too.
 """
 
 from __future__ import annotations
@@ -84,11 +85,23 @@ def quoted(figure: Figure, text: str | None = None) -> list[str]:
     return list(m.groups())
 
 
+#: torch threads of every figure's run: training's last bits depend on the count, and a few hundred
+#: steps later the demo's barriers can differ far more than that
+THREADS = 1
+
+
 def fresh(figure: Figure) -> list[str]:
-    """The figure's values from a fresh run, in the README's layout (widths: the one loss both give, or
-    both when they differ)."""
-    with tempfile.TemporaryDirectory() as d:
-        values = figure.run(Path(d))
+    """The figure's values from a fresh run at THREADS torch threads, in the README's layout (widths:
+    the one loss both give, or both when they differ)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            values = figure.run(Path(d))
+    finally:
+        torch.set_num_threads(threads)
     return values[:1] if figure.name == "widths" and len(set(values)) == 1 else values
 
 
