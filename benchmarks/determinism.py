@@ -9,7 +9,15 @@ are those of the first series (the 1-thread run), so a difference is the step's 
 
     PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --threads 1,1,2
 
-prints, per step and output, whether each series gives the bytes of the first.
+prints, per step and output, whether each series gives the bytes of the first. Across installations
+(a fresh clone in a fresh virtual environment, another machine): `--record FILE` writes the first
+series' digests (with the commit, thread count, step counts and library versions), and `--check FILE`
+runs one series with the recorded settings and compares every output's digest with the record (exit 1
+when any differs):
+
+    PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --threads 1 --record REC.json
+    # elsewhere, at the same commit:
+    PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --check REC.json
 """
 
 from __future__ import annotations
@@ -96,6 +104,35 @@ def compare(first: dict, other: dict) -> dict[str, list[str]]:
     return {s: sorted(f for f in first[s] if other[s].get(f) != first[s][f]) for s in first}
 
 
+def provenance() -> dict:
+    """The commit of the code that ran and the versions of what it ran on."""
+    import platform
+
+    import safetensors
+    import torch
+    import transformers
+
+    here = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"commit": commit, "torch": torch.__version__, "transformers": transformers.__version__,
+            "safetensors": safetensors.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "python_executable": sys.executable}
+
+
+def check(record_file: Path, root: Path, data: str) -> int:
+    """One series with the record's settings; prints per step whether every digest equals the record's."""
+    record = json.loads(record_file.read_text())
+    here = provenance()
+    print(f"record: commit {record['commit'][:10]}, torch {record['torch']}, {record['python_executable']}")
+    print(f"this run: commit {here['commit'][:10]}, torch {here['torch']}, {here['python_executable']}")
+    found = run_series(root / "0", None, in_fresh_process(record["threads"]), data, record["train_steps"],
+                       record["learn_steps"])
+    diff = compare(record["steps"], found)
+    for step, files in diff.items():
+        print(f"  {step:<17} {'identical to the record' if not files else 'differs: ' + ', '.join(files)}")
+    return 1 if any(diff.values()) else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
@@ -103,11 +140,18 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--learn-steps", type=int, default=20)
     ap.add_argument("--root", default="/tmp/symmerge-determinism")
+    ap.add_argument("--record", default=None, help="write the first series' digests and settings to this JSON file")
+    ap.add_argument("--check", default=None, help="run one series with this record's settings and compare its digests")
     args = ap.parse_args()
     root = Path(args.root)
     shutil.rmtree(root, ignore_errors=True)
+    if args.check:
+        raise SystemExit(check(Path(args.check), root, args.data))
     series = [int(t) for t in args.threads.split(",")]
     first = run_series(root / "0", None, in_fresh_process(series[0]), args.data, args.train_steps, args.learn_steps)
+    if args.record:
+        settings = {"threads": series[0], "train_steps": args.train_steps, "learn_steps": args.learn_steps}
+        Path(args.record).write_text(json.dumps({**provenance(), **settings, "steps": first}, indent=1) + "\n")
     for i, t in enumerate(series[1:], start=1):
         other = run_series(root / str(i), root / "0", in_fresh_process(t), args.data, args.train_steps, args.learn_steps)
         diff = compare(first, other)
