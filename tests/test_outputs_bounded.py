@@ -104,3 +104,41 @@ def test_cli_learned_and_dual_never_load_a_model_whole(method, tmp_path, monkeyp
         assert_same_function(run(folder), run(tmp_path / src), dtype=torch.float32, what=str(folder))
     assert all(row["max_logit_diff"] < 1e-4 for row in report["outputs"]), report["outputs"]
     assert float((run(out / "B" if method == "dual" else out) - run(tmp_path / "m0")).abs().max()) > 1e-2
+
+
+def test_cli_merge_dual_never_loads_a_model_whole_and_takes_device_and_dtype(tmp_path, monkeypatch, capsys):
+    """`merge --method dual --device cpu --dtype bfloat16`: the many-model learner gets the `LazyModel`s (no
+    whole load anywhere: the same patches as above), learns in bfloat16 and the aligned models still compute
+    their inputs' functions (stock `from_pretrained`, after the command). `--dtype` with weight matching, which
+    runs no forward, is refused with exit 2 and nothing written."""
+    from symmerge import cli
+    from symmerge.match import learn_many
+
+    pair, tok, text = char_pair(tmp_path, 20000)
+    models, data = pair[:2], pair[2:]
+    seen = []
+    init = learn_many.ManyLearner.__init__
+
+    def recording(self, ms, cfg, init_elements=None):
+        seen.append(([type(m) for m in ms], cfg.dtype, cfg.device))
+        init(self, ms, cfg, init_elements)
+
+    out, aligned = tmp_path / "merged", tmp_path / "aligned"
+    with monkeypatch.context() as m:
+        _no_whole_models(m)
+        m.setattr(learn_many.ManyLearner, "__init__", recording)
+        assert cli.main(["merge", *models, *data, "-o", str(out), "--aligned", str(aligned), "--method", "dual",
+                         "--steps", "2", "--batch-size", "4", "--max-batches", "2", "--val-batches", "1",
+                         "--max-rounds", "1", "--device", "cpu", "--dtype", "bfloat16"]) == 0
+    assert seen == [([LazyModel, LazyModel], "bfloat16", "cpu")], seen
+    x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
+
+    def run(folder):
+        with torch.no_grad():
+            return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()(**x).logits
+
+    for i, src in enumerate(models, start=1):
+        assert_same_function(run(aligned / str(i)), run(src), dtype=torch.float32, what=f"aligned {i}")
+    assert cli.main(["merge", *models, "-o", str(tmp_path / "w"), "--dtype", "bfloat16"]) == 2
+    assert "--device and --dtype are for merge --method learned or dual" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -5,11 +5,11 @@ form (`match.registry.align_many`), then their weighted average exported as a st
 vocabulary and tokenizer / image processor; mixed widths expanded into the widest config that takes every
 other model, `expand.widest_many`; weights non-negative, one per model, summing to 1; data for the
 data-driven methods; OUT and the aligned folder apart from the inputs and each other), then matches
-(weight matching streams: models read one part at a time, `model.LazyModel`; activation, learned and
-dual matching hold the models in memory), writes OUT part by part as the weighted mean of `g_i·M_i`
-(`stream.write_streaming`), and with `aligned` each `g_i·M_i` (its input's function exactly, up to
-storage rounding; a narrow input in the widest config) to `aligned/<i>` (1-based, in the order given),
-written as one unit (`atomic.AtomicFolders`: both complete, or neither)."""
+(models read one part at a time, `model.LazyModel`: weight matching streams them; learned and dual matching
+keep them frozen in their own dtype and run block by block; activation matching holds them in memory),
+writes OUT part by part as the weighted mean of `g_i·M_i` (`stream.write_streaming`), and with `aligned`
+each `g_i·M_i` (its input's function exactly, up to storage rounding; a narrow input in the widest config)
+to `aligned/<i>` (1-based, in the order given), written as one unit (`atomic.AtomicFolders`: both complete, or neither)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class MeanView:
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
                  families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
-                 progress: bool = False, dtype=None, data=None, start=None) -> dict:
+                 progress: bool = False, dtype=None, data=None, start=None, place=None) -> dict:
     """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report. `dtype`:
     of the outputs (default: the first input's). The aligned models are written in the norm gauge of the
     first input of the widest config (`gauge.py`; the first input where all have one config), so that their
@@ -112,7 +112,9 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}.
     `start`: a `registry.ManyAlignment` found already on these models and families: of `method` itself
     (it is the result: nothing is matched again), or of the matcher `method` starts from (learned / dual
-    after a weight merge: the rounds are not run again)."""
+    after a weight merge: the rounds are not run again). `place`: where the forward of learned / dual
+    matching runs (`devices.Placement`; default: the CPU in the first input's dtype); they keep the models
+    frozen in their own dtype and run block by block (`learn_many.ManyLearner`)."""
     from .expand import ExpandedModel
     from .match.summary import summarize
     from .model import LazyModel
@@ -135,8 +137,15 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     if start is not None and (start.method not in (method, matcher.starts_from) or len(start.elements) != len(models)):
         raise SymmergeError(f"merge --method {method}: the start given is a {start.method} alignment of "
                             f"{len(start.elements)} models, not one of {method} or {matcher.starts_from} of {len(models)}")
+    runtime = {}
+    if matcher.forward:
+        from .devices import Placement
+
+        place = place or Placement(torch.device("cpu"))
+        runtime = place.record(place.working(models[0].dtype))
     result = (start if start is not None and start.method == method else
-              registry.align_many(method, models, w, families, data, opts=opts, start=start, progress=progress))
+              registry.align_many(method, models, w, families, data, opts=opts, start=start, progress=progress,
+                                  **runtime))
     selected = models[0].spec.select(families)
     rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
            "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],

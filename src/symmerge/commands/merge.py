@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import SymmergeError
+from .. import SymmergeError, devices
 from ..match import registry
 from ..spec import FAMILIES
 from . import out_dtype
@@ -42,6 +42,7 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, help="write the report (objective per round, rounds, groups found) here")
     p.add_argument("--force", action="store_true", help="replace non-empty output folders")
     out_dtype.add_argument(p)
+    devices.add_arguments(p, "the forward of learned/dual")
     p.set_defaults(run=run)
 
 
@@ -65,6 +66,10 @@ def run(args) -> int:
 
     check_report_file(args.json, "--json")
     matcher = registry.get(args.method)
+    place = devices.resolve(args)
+    if not matcher.forward and (args.device or args.dtype):
+        raise SymmergeError(f"--device and --dtype are for merge --method learned or dual; {args.method} matching "
+                            "runs on the CPU, in --precision")
     if matcher.needs_data and not args.data:
         raise SymmergeError(f"merge --method {args.method} needs --data PATH (a data set to run the models on)")
     families = "default"
@@ -79,7 +84,7 @@ def run(args) -> int:
     check_weights(weights, len(args.models))  # before the data is read
     data = load_data(args, matcher, opts)
     rep = merge_models(args.models, args.out, weights, args.method, families, args.aligned,
-                       args.force, opts, progress=True, dtype=out_dtype.resolve(args), data=data)
+                       args.force, opts, progress=True, dtype=out_dtype.resolve(args), data=data, place=place)
     if args.json:
         write(args.json, "merge", rep)
     h = rep["objective"]

@@ -3,7 +3,8 @@ random points of the simplex, the model weights frozen.
 
 Models P_1..P_n with starting elements g0_i (the many-model weight-matching solution). At each step a
 batch and a point alpha ~ Dirichlet(1, ..., 1) of the simplex are drawn from (seed, step) alone, and the
-loss is the stock HF loss (`evaluate.StockForward`) of sum_i alpha_i g_i·P_i.
+loss is the stock HF loss of sum_i alpha_i g_i·P_i, run block by block on the frozen models
+(`blockwise.py`, as pairwise learning: `ManyLearner`).
 
 - "learned": g_i = h_i∘g0_i, with h_i's continuous groups parameterised (`parametrize.py`, from the
   identity) and its permutations learned by straight-through estimation (latents at g0_i's
@@ -35,12 +36,11 @@ import torch
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import StraightThrough, apply
-from ..evaluate import StockForward
-from ..model import Model
 from ..progress import tqdm
-from ..spec import Spec, compose, identity_element
+from ..spec import SCALE, Spec, compose, identity_element
+from .blockwise import BlockwiseForward, Frozen, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
-from .learner import Slot, lap
+from .learner import Slot, eps_scale, lap, prepare, select
 from .parametrize import learnable, parametrization, resolve_methods, straight_through
 
 #: the model whose element is fixed (the gauge), 0-based
@@ -73,13 +73,19 @@ def _check_member(spec: Spec, g: dict, what: str) -> None:
 
 
 class ManyLearner:
-    """The frozen models, one set of slots per learned model (every model but the reference) and the loss."""
+    """The frozen models, one set of slots per learned model (every model but the reference) and the loss.
 
-    def __init__(self, models: list[Model], cfg: LearnConfig, init: list[dict] | None = None):
+    `models`: `Model`s, or `LazyModel`s (read part by part). Each is kept frozen in its checkpoint's dtype on
+    `cfg.device` (`blockwise.Frozen`; dual: its starting element absorbed), and every loss runs the stock blocks
+    one at a time on the mixture's weights materialised in `cfg.dtype` (`blockwise.BlockwiseForward`, as
+    pairwise learning does): memory holds the n frozen models and one block's worth more, whatever the depth."""
+
+    def __init__(self, models: list, cfg: LearnConfig, init: list[dict] | None = None):
         cfg.validate()
         self.n, self.cfg = len(models), cfg
         self.spec = models[0].spec.restricted(cfg.groups)
         ident = identity_element(self.spec)
+        self.identity = ident
         self.init = [{k: t.clone() for k, t in g.items()} for g in (init or [ident] * self.n)]
         for i, g in enumerate(self.init):
             _check_member(self.spec, g, f"the initial element of model {i + 1}")
@@ -94,10 +100,14 @@ class ManyLearner:
         self.base = [ident] * self.n if self.dual else self.init
         self.learned = [i for i in range(self.n) if i != REFERENCE]
         self.slots = {i: self._slots(i, cont, ste) for i in self.learned}
-        self.obj = StockForward(models[0], DTYPES[cfg.dtype])
-        sources = [apply(self.spec, g, m.params) if self.dual else m.params for g, m in zip(self.init, models)]
-        self.params = [self.obj.cast(p) for p in sources]
-        self.fixed_moved = {REFERENCE: self._moved(REFERENCE, hard=True)}
+        device = torch.device(cfg.device)
+        self.frozen = [Frozen(m, device, (lambda part, g=g: apply(self.spec, g, part)) if self.dual else None, keys=())
+                       for g, m in zip(self.init, models)]
+        fill(self.frozen)  # every model's ends first (see `blockwise.fill`)
+        self.forward = BlockwiseForward(models[0], self.frozen, DTYPES[cfg.dtype], device, cfg.recompute)
+        eps = self.frozen[0].part("final").get("norm.eps")
+        self.eps0 = None if eps is None else float(eps)
+        self.rescale = self.eps0 is not None and SCALE in self.spec.groups
 
     def _slots(self, i: int, cont, ste) -> list[Slot]:
         slots = []
@@ -134,29 +144,35 @@ class ManyLearner:
             g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[i][s.group])
         return g
 
-    def _moved(self, i: int, hard: bool) -> dict[str, torch.Tensor]:
-        if i in getattr(self, "fixed_moved", {}):
-            return self.fixed_moved[i]
-        g = self.element(i, hard)
-        if not hard:  # cast once to the forward's dtype, not once per tensor acted on
-            g = {k: t.to(self.obj.dtype) if torch.is_tensor(t) and t.is_floating_point() else t for k, t in g.items()}
-        return apply(self.spec, g, self.params[i])
+    def mix(self, alpha: list[float], hard: bool) -> PartFn:
+        """The parts of sum_i alpha_i g_i·P_i in the forward's dtype (`blockwise.PartFn`): the elements built
+        once, each part acted on when the forward asks for it; the eps handled by the residual scale (`eps_scale`)."""
+        raw = [self.element(i, hard) for i in range(self.n)]
+        prepared = [prepare(self.spec, g, self.fixed_groups, self.identity, self.forward.dtype, self.forward.device)
+                    for g in raw]
+        scale = None
+        if self.rescale:
+            scale = eps_scale(self.spec, self.eps0, [f.part("final")["norm.eps"] for f in self.frozen],
+                              [g[SCALE] for g in raw], alpha, self.forward.dtype, self.forward.device)
+        dt = self.forward.dtype
 
-    def mix(self, alpha: list[float], hard: bool) -> dict[str, torch.Tensor]:
-        """sum_i alpha_i g_i·P_i; a 0-dim value equal in every model (the eps) kept as it is (`interpolate`)."""
-        moved = [self._moved(i, hard) for i in range(self.n)]
+        def part(key, rows: dict | None = None) -> dict:
+            moved = [apply(self.spec, p, select(f.part(key), rows, dt)) for p, f in zip(prepared, self.frozen)]
+            mixed = {k: sum(a * m[k] for a, m in zip(alpha, moved)) for k in moved[0]}
+            return mixed if scale is None else apply(self.spec, {SCALE: scale}, mixed)
 
-        def same(k):
-            return moved[0][k].dim() == 0 and all(torch.equal(moved[0][k], m[k]) for m in moved[1:])
-
-        return {k: moved[0][k] if same(k) else sum(a * m[k] for a, m in zip(alpha, moved)) for k in moved[0]}
+        return part
 
     def loss(self, batch: dict, alpha: list[float]) -> torch.Tensor:
-        return self.obj.loss(self.mix(alpha, hard=False), batch)
+        return self.forward.loss(self.mix(alpha, hard=False), batch)
 
     @torch.no_grad()
     def losses(self, batches: list[dict], points: list[list[float]]) -> list[float]:
-        return [self.obj.mean_loss(self.mix(a, hard=True), batches) for a in points]
+        out = []
+        for a in points:
+            part = self.mix(a, hard=True)
+            out.append(sum(float(self.forward.loss(part, b)) for b in batches) / len(batches))
+        return out
 
     def final_elements(self) -> list[dict[str, torch.Tensor]]:
         """Each model's full element (checked members): g_i = h_i∘g0_i."""
@@ -179,7 +195,7 @@ def _excess(losses: list[float], ends: list[float], points: list[list[float]]) -
     return [loss - math.fsum(a * e for a, e in zip(alpha, ends)) for loss, alpha in zip(losses, points)]
 
 
-def learn_many(models: list[Model], weights: list[float], train: list[dict], val: list[dict], cfg: LearnConfig,
+def learn_many(models: list, weights: list[float], train: list[dict], val: list[dict], cfg: LearnConfig,
                init: list[dict] | None = None, val_points: int = 4) -> ManyLearnResult:
     """Run learned or dual matching of many models (module docstring); the elements and a JSON-able report."""
     from ..barrier_many import dirichlet

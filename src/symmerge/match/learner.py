@@ -59,6 +59,35 @@ def select(stored: dict, rows: dict | None, dtype) -> dict:
     return {k: (stored[k] if r is None else stored[k][r]).to(dtype) for k, r in rows.items()}
 
 
+def prepare(spec: Spec, g: dict, fixed_groups, identity: dict, dtype, device) -> dict:
+    """An element as it acts in the forward: continuous maps with their inverse transposes worked out in
+    float64 and cast to the forward's `dtype` and `device` (`apply.Prepared`), permutations moved there; fixed
+    groups at the identity (dual: the absorbed permutations) left out, so they make no copies."""
+    out = {}
+    for n, t in g.items():
+        if n in fixed_groups and torch.equal(t, identity[n]):
+            continue
+        if isinstance(t, StraightThrough):
+            out[n] = StraightThrough(t.index.to(device), t.latent.to(device))
+        elif t.is_floating_point():
+            out[n] = Prepared.of(spec.groups[n], t, dtype, device)
+        else:
+            out[n] = t.to(device)
+    return out
+
+
+def eps_scale(spec: Spec, eps0: float, eps: list, scales: list, weights: list, dtype, device):
+    """The residual scale c = sqrt(eps0 / eps) that brings the mixture's eps (each model's `eps` moved by its
+    element's residual scale, None for none, then mixed with `weights`) to the forward's config eps `eps0`
+    (see `evaluate.at_eps`); None where it is exactly 1 (no residual scale learned nor absorbed)."""
+    moved = [e if a is None else apply(spec, {SCALE: a}, {"norm.eps": e})["norm.eps"] for e, a in zip(eps, scales)]
+    mixed = moved[0] if all(torch.equal(m, moved[0]) for m in moved[1:]) else sum(w * m for w, m in zip(weights, moved))
+    c = torch.sqrt(eps0 / mixed)
+    if not c.requires_grad and float(c) == 1.0:
+        return None
+    return c.to(device=device, dtype=dtype)
+
+
 def _check_element(spec: Spec, g: dict, what: str) -> None:
     missing = [n for n in spec.groups if n not in g]
     if missing:
@@ -149,35 +178,16 @@ class Learner:
         return g
 
     def prepared(self, g: dict) -> dict:
-        """An element as it acts in the forward: continuous maps with their inverse transposes worked out
-        in float64 and cast to the forward's dtype and device (`apply.Prepared`), permutations moved there;
-        fixed groups at the identity left out."""
-        dt, dev = self.forward.dtype, self.forward.device
-        out = {}
-        for n, t in g.items():
-            if n in self.fixed_groups and torch.equal(t, self.identity[n]):
-                continue  # a fixed group at the identity (dual: the absorbed permutations) acts as nothing: skip the copies
-            if isinstance(t, StraightThrough):
-                out[n] = StraightThrough(t.index.to(dev), t.latent.to(dev))
-            elif t.is_floating_point():
-                out[n] = Prepared.of(self.spec.groups[n], t, dt, dev)
-            else:
-                out[n] = t.to(dev)
-        return out
+        return prepare(self.spec, g, self.fixed_groups, self.identity, self.forward.dtype, self.forward.device)
 
     def _eps_scale(self, elements: dict, lam):
-        """The residual scale c = sqrt(eps0 / eps) that brings the path's eps (each side's eps moved by its
-        element's scale, then interpolated) to the forward's config eps (see `evaluate.at_eps`); None where
-        it is exactly 1 (no residual scale, or none learned nor absorbed)."""
+        """`eps_scale` of the path (B's eps moved by its element's scale, A's too in dual matching)."""
         if not self.rescale:
             return None
-        eps = {side: apply(self.spec, {SCALE: g[SCALE]}, {"norm.eps": self.frozen[side].part("final")["norm.eps"]})
-               for side, g in elements.items()}
-        mixed = interpolate(eps.get("A", {"norm.eps": self.frozen["A"].part("final")["norm.eps"]}), eps["B"], lam)
-        c = torch.sqrt(self.eps0 / mixed["norm.eps"])
-        if not c.requires_grad and float(c) == 1.0:
-            return None
-        return c.to(device=self.forward.device, dtype=self.forward.dtype)
+        sides = ("A", "B")
+        return eps_scale(self.spec, self.eps0, [self.frozen[s].part("final")["norm.eps"] for s in sides],
+                         [elements[s][SCALE] if s in elements else None for s in sides], [1 - lam, lam],
+                         self.forward.dtype, self.forward.device)
 
     def path(self, lam, hard: bool) -> PartFn:
         """Canonical tensors of one part of (1 - lam)·gA·A + lam·gB·B in the forward's dtype (gA: the identity for

@@ -294,11 +294,12 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
 
 
 def _run_learned_many(method: str, sources, weights, families, data, opts, start=None,
-                      progress: bool = False) -> ManyAlignment:
+                      progress: bool = False, device: str = "cpu", dtype: str = "float32") -> ManyAlignment:
     from .learn_many import learn_many
 
-    cfg = learn_config(method, families, opts, progress)
-    res = learn_many([_in_memory(s) for s in sources], weights, data.train, data.val, cfg, init=start.elements,
+    cfg = learn_config(method, families, opts, progress, device, dtype)
+    # the sources as they are (LazyModels: read part by part into frozen stores, never whole)
+    res = learn_many(list(sources), weights, data.train, data.val, cfg, init=start.elements,
                      val_points=opts["val_simplex_points"])
     figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
                "converged": start.figures["converged"], "round_tol": start.figures["round_tol"],
