@@ -4,7 +4,7 @@ N-model weight matching against N pairwise weight matchings of the same models, 
 
     python benchmarks/merge_many.py --models M1 M2 M3 M4 --data PATH --out DIR [--methods weight,learned,dual]
         [--steps 150] [--lr 5e-3] [--learned-steps N] [--learned-lr R] [--batch-size 16] [--train-batches 16] [--test-batches 8]
-        [--simplex-points 8] [--memory] [--json F]
+        [--simplex-points 8] [--also-tol 0] [--memory] [--json F]
 
 Two models of different widths (a width pair) are expanded into the wider one ("plain" is then the
 expanded narrow model averaged without alignment). Everything goes through the library calls the CLI
@@ -132,6 +132,8 @@ def main() -> None:
     ap.add_argument("--simplex-points", type=int, default=8)
     ap.add_argument("--max-rounds", type=int, default=10)
     ap.add_argument("--round-tol", type=float, default=None, help="default: the registry's")
+    ap.add_argument("--also-tol", type=float, default=None, help="also a weight row with this --round-tol "
+                    "(e.g. 0: every round up to --max-rounds), to see what the stop rule leaves")
     ap.add_argument("--memory", action="store_true", help="also the peak RSS of a pairwise and an N-model matching")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
@@ -186,6 +188,14 @@ def main() -> None:
         if "history" in rep:
             report["runs"][method]["validation_history"] = [(h["step"], h["objective"]) for h in rep["history"]]
         print(method, json.dumps(rows[method]), json.dumps(report["runs"][method]), flush=True)
+    if args.also_tol is not None:  # the stop rule against more rounds: the same merge, another tolerance
+        name = f"weight_tol{args.also_tol:g}"
+        rep = merge_models(args.models, out / f"{name}-merged", aligned=out / f"{name}-aligned", force=True,
+                           opts={**opts, "round_tol": args.also_tol})
+        rows[name] = barrier_row([out / f"{name}-aligned" / str(i + 1) for i in range(len(args.models))], test,
+                                 args.simplex_points)
+        report["runs"][name] = {k: rep[k] for k in ("objective", "rounds", "converged", "round_tol", "round_seconds")}
+        print(name, json.dumps(rows[name]), json.dumps(report["runs"][name]), flush=True)
     if args.memory:
         report["memory"] = memory(args.models, args.max_rounds)
         print("memory", json.dumps(report["memory"]), flush=True)
