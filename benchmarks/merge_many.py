@@ -173,7 +173,10 @@ def main() -> None:
                               "many_round_seconds": rs, "ratio_round1": rs[0] / pair["seconds"],
                               "ratio_later_rounds": [r / pair["seconds"] for r in rs[1:]],
                               "ratio_mean_later_round": (sum(rs[1:]) / len(rs[1:]) / pair["seconds"]
-                                                         if len(rs) > 1 else None)}
+                                                         if len(rs) > 1 else None),
+                              "many_round_sweeps": weight.figures["round_sweeps"]}
+            per_sweep = pair["seconds"] / sum(pair["sweeps"])  # one pairwise sweep, streamed
+            report["cost"]["ratio_per_sweep"] = [r / max(k, 1) / per_sweep for r, k in zip(rs, weight.figures["round_sweeps"])]
             print("cost", json.dumps(report["cost"]), flush=True)
         own = {**opts, **({"steps": args.learned_steps or args.steps, "lr": args.learned_lr or args.lr}
                           if method == "learned" else {})}

@@ -86,6 +86,8 @@ def test_each_match_forms_its_target_once(gpt2s, monkeypatch):
                             max_iters=5, seed=0, tol=0.0)
     matches = (n - 1) + (len(res.history) - 2) * n
     assert len(parts) == matches * len(part_keys(spec.shape)), (len(parts), matches)
+    assert len(res.round_sweeps) == len(res.history) - 1 and res.round_sweeps[0] >= n - 1
+    assert all(n <= k <= 5 * n for k in res.round_sweeps[1:]), res.round_sweeps  # max_iters 5 per match
 
 
 def test_target_on_disk_gives_the_same_result_as_in_memory(gpt2s, tmp_path):

@@ -116,6 +116,7 @@ class Step:
     g: dict[str, torch.Tensor]
     seconds: float
     gain: float | None = None
+    sweeps: int = 0  # the pairwise matcher's sweeps (weight matching; 0 where the matcher has none)
 
 
 @dataclass
@@ -128,6 +129,7 @@ class ManyResult:
     pairwise_seconds: float = 0.0  # time inside the pairwise matcher
     extra: dict = field(default_factory=dict)
     round_seconds: list[float] = field(default_factory=list)  # each round's time, its objectives included
+    round_sweeps: list[int] = field(default_factory=list)  # each round's sweeps of the pairwise matcher
     converged: bool = False  # the last round gained at most `tol` (False: `max_rounds` stopped it)
     tol: float = ROUND_TOL
 
@@ -145,16 +147,17 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
     elements = [dict(identity) for _ in range(n)]
     history = [value_of(elements)]
     gen = torch.Generator().manual_seed(seed)
-    orders, rejected, inner, took, converged = [], 0, 0.0, [], False
+    orders, rejected, inner, took, sweeps, converged = [], 0, 0.0, [], [], False
     for rnd in tqdm(range(max_rounds), desc=desc, disable=not progress):
         t_round = time.perf_counter()
         order = torch.randperm(n, generator=gen).tolist()
         orders.append(order)
+        sweeps.append(0)
         if rnd == 0:  # each model to the mean of those visited before it, from the identity
             trial = [dict(identity) for _ in range(n)]
             for k, i in enumerate(order[1:], start=1):
                 step = match(i, order[:k], trial, None)
-                trial[i], inner = step.g, inner + step.seconds
+                trial[i], inner, sweeps[-1] = step.g, inner + step.seconds, sweeps[-1] + step.sweeps
             value = value_of(trial)
             if value >= history[-1]:
                 elements = trial
@@ -164,7 +167,7 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
             value = history[-1]
             for i in order:
                 step = match(i, [j for j in range(n) if j != i], elements, elements[i])
-                inner += step.seconds
+                inner, sweeps[-1] = inner + step.seconds, sweeps[-1] + step.sweeps
                 trial = [*elements[:i], step.g, *elements[i + 1:]]
                 new = value + step.gain if step.gain is not None else value_of(trial)
                 if new >= value:
@@ -177,7 +180,7 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
             converged = True
             break
     return ManyResult(elements, history, orders, time.perf_counter() - start, rejected, inner, round_seconds=took,
-                      converged=converged, tol=tol)
+                      round_sweeps=sweeps, converged=converged, tol=tol)
 
 
 def weight_match_many(spec: Spec, sources: list, weights: list[float], families: list[str] | None = None,
@@ -206,7 +209,7 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
         d = res.extra["distances"]  # to the mean of `keep`: at g0 (or the identity), and at the end
         others = math.fsum(weights[j] for j in keep)
         gain = weights[i] * others * (d[0] - d[-1]) / norm2["all"] if len(keep) == len(srcs) - 1 else None
-        return Step(res.g, time.perf_counter() - t0, gain)
+        return Step(res.g, time.perf_counter() - t0, gain, len(res.history) - 1)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     return rounds(len(srcs), value_of, match, identity, max_rounds, seed, tol, progress)
