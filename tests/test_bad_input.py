@@ -222,6 +222,8 @@ CASES = [
     ("transform-seed-not-an-integer", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--seed", "1.5"], "invalid int value"),
     ("interpolate-lam-nan", lambda c, o: ["interpolate", *_a_b(c, "--lam", "nan", "-o", o)], FINITE),
     ("interpolate-lam-inf", lambda c, o: ["interpolate", *_a_b(c, "--lam", "inf", "--extrapolate", "-o", o)], FINITE),
+    ("interpolate-lam-nan-extrapolate", lambda c, o: ["interpolate", *_a_b(c, "--lam", "nan", "--extrapolate", "-o", o)],
+     FINITE),
     ("interpolate-lam-minus-inf", lambda c, o: ["interpolate", *_a_b(c, "--lam=-inf", "--extrapolate", "-o", o)], FINITE),
     ("interpolate-lam-outside", lambda c, o: ["interpolate", *_a_b(c, "--lam", "1.5", "-o", o)], "--extrapolate"),
     ("interpolate-lam-negative", lambda c, o: ["interpolate", *_a_b(c, "--lam=-0.5", "-o", o)], "--extrapolate"),
