@@ -14,11 +14,19 @@ falls as the batch grows.
     PYTHONPATH=src python benchmarks/learned_step_cost.py --arch gpt2 --batches 1,4,16 --steps 3 --threads 1
     # --method dual: continuous groups on both sides (permutations fixed), as `align --method dual`
     # --dtype bfloat16 --recompute block,weights,none: both steps in bf16, every recompute mode
+    # --shape pythia-160m [--layers N] --seq 512: a random GPT-NeoX pair of a real shape (vocabulary 50304),
+    #   written in --dtype and read back as LazyModels (the CLI's path), instead of a preset
+
+What to expect: acting on a block's weights costs about d_model / tokens of its forward per side and pass, so
+recompute=block (one more forward than plain training) stays above 4/3, and recompute=weights (the same
+forwards as plain training, the weights materialised three times per side: forward, recomputation, gradient)
+costs about 1 + 2 d_model / tokens for dual: batches of at least ~10 d_model tokens reach 1.2x.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +36,7 @@ import transformers
 
 from symmerge.match.learn_config import DTYPES, LearnConfig
 from symmerge.match.learner import Learner
-from symmerge.model import load_model
+from symmerge.model import LazyModel, load_model
 from symmerge.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
 from symmerge.train import _optimizer, _step
 
@@ -43,12 +51,21 @@ def hf_model(arch: str, preset, seed: int):
     return getattr(transformers, HF_CLASSES[arch])(config).to(torch.float32)
 
 
-def make_batch(arch: str, preset, size: int, gen: torch.Generator) -> dict:
+def make_batch(arch: str, preset, size: int, gen: torch.Generator, vocab: int = VOCAB, seq: int | None = None) -> dict:
     if arch == "vit":
         return {"pixel_values": torch.randn(size, 1, IMAGE, IMAGE, generator=gen),
                 "labels": torch.randint(0, CLASSES, (size,), generator=gen)}
-    ids = torch.randint(0, VOCAB, (size, preset.context), generator=gen)
+    ids = torch.randint(0, vocab, (size, seq or preset.context), generator=gen)
     return {"input_ids": ids, "labels": ids}
+
+
+def shape_model(shape: str, layers: int | None, seed: int):
+    """A random GPT-NeoX model of a Pythia shape (`learned_memory.SHAPES`), float32."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from learned_memory import config_for
+
+    torch.manual_seed(seed)
+    return transformers.GPTNeoXForCausalLM(config_for(shape, layers)).to(torch.float32)
 
 
 def learned_step(learner: Learner, opt, batch) -> None:
@@ -60,10 +77,15 @@ def learned_step(learner: Learner, opt, batch) -> None:
 def apply_only(learner: Learner) -> None:
     """The batch-independent forward part of a step: elements, their action on both sides, interpolation,
     every part once (the block-wise forward does this part by part, and again in the backward)."""
+    forward = learner.forward
     part = learner.path(0.5, hard=False)
-    learner.forward.end_state(part)
+    forward.end_state(part)
+    for v in forward.vocab:  # the heads, chunk by chunk (an embedding takes only the batch's rows: left out)
+        if isinstance(forward.hf.get_submodule(v.module).stock, torch.nn.Linear):
+            for start in range(0, v.rows, forward.head_rows):
+                forward.vocab_state(part, v, slice(start, start + forward.head_rows))
     for i in range(learner.frozen["A"].shape.n_layers):
-        learner.forward.block_state(part, i)
+        forward.block_state(part, i)
 
 
 def median_times(fns: dict, steps: int, warmup: int) -> dict[str, float]:
@@ -91,29 +113,37 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="of both steps (learned: LearnConfig.dtype)")
     ap.add_argument("--recompute", default="block,weights", help="LearnConfig.recompute modes timed side by side")
+    ap.add_argument("--shape", default=None, help="a Pythia shape (pythia-160m, pythia-410m, pythia-1.4b) instead of a preset")
+    ap.add_argument("--layers", type=int, default=None, help="--shape: its depth (default: the shape's)")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the preset's context; --shape: 512)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     preset = get_preset(a.arch, a.preset)
-    sizes = [int(x) for x in a.batches.split(",")] if a.batches else sorted({1, 4, preset.batch_size})
     groups = None if a.groups == "all" else a.groups.split(",")
-    with tempfile.TemporaryDirectory() as tmp:
-        pair = []
-        for seed in (0, 1):
-            hf_model(a.arch, preset, seed).save_pretrained(Path(tmp) / str(seed))
-            pair.append(load_model(Path(tmp) / str(seed)))
+    dtype = DTYPES[a.dtype]
+    make = (lambda seed: shape_model(a.shape, a.layers, seed)) if a.shape else (lambda seed: hf_model(a.arch, preset, seed))
+    tmp = tempfile.TemporaryDirectory()
+    pair = []
+    for seed in (0, 1):
+        make(seed).to(dtype).save_pretrained(Path(tmp.name) / str(seed))  # the endpoints stored in --dtype
+        pair.append(LazyModel(Path(tmp.name) / str(seed)) if a.shape else load_model(Path(tmp.name) / str(seed)))
     modes = a.recompute.split(",")
     learner = Learner(*pair, LearnConfig(method=a.method, groups=groups, dtype=a.dtype, recompute=modes[0]))
     lopt = torch.optim.Adam(list(learner.trainables().values()), lr=1e-3)
-    plain = hf_model(a.arch, preset, 2).to(DTYPES[a.dtype]).train()
+    plain = make(2).to(dtype).train()
     popt = _optimizer(plain, preset, preset.lr)
     n_weights = sum(p.numel() for p in plain.parameters())
     n_group = sum(t.numel() for t in learner.trainables().values())
-    print(f"{a.arch} {a.preset} (d={preset.d_model}, layers={preset.layers}, preset batch {preset.batch_size}): "
-          f"{n_weights / 1e6:.1f}M weights; {a.method}, {n_group / 1e3:.1f}k group parameters ({a.groups}); "
-          f"{a.dtype}; threads={torch.get_num_threads()}; median of {a.steps}")
+    s = learner.frozen["A"].shape
+    vocab, seq = (50304, a.seq or 512) if a.shape else (VOCAB, a.seq)
+    what = f"{a.shape} (random GPT-NeoX)" if a.shape else f"{a.arch} {a.preset} (preset batch {preset.batch_size})"
+    sizes = [int(x) for x in a.batches.split(",")] if a.batches else sorted({1, 4, preset.batch_size})
+    print(f"{what}: d={s.d_model}, layers={s.n_layers}, {n_weights / 1e6:.1f}M weights; {a.method}, "
+          f"{n_group / 1e3:.1f}k group parameters ({a.groups}); {a.dtype}; threads={torch.get_num_threads()}; "
+          f"median of {a.steps}", flush=True)
     cols = "".join(f" {'recompute=' + m + ' s':>20} {'/plain':>7}" for m in modes)
-    print(f"{'batch':>6} {'plain s/step':>13}{cols} {'of which apply fwd s':>21}")
+    print(f"{'batch':>6} {'tokens':>7} {'plain s/step':>13}{cols} {'of which apply fwd s':>21}")
     gen = torch.Generator().manual_seed(0)
 
     def learned(mode, b):
@@ -121,13 +151,15 @@ def main() -> None:
         learned_step(learner, lopt, b)
 
     for bs in sizes:
-        batch = make_batch(a.arch, preset, bs, gen)
-        fns = {"plain": lambda b=batch: _step(plain, popt, b, preset.lr, preset.clip)}
+        batch = make_batch("gpt_neox" if a.shape else a.arch, preset, bs, gen, vocab, seq)
+        tokens = batch["input_ids"].numel() if "input_ids" in batch else bs
+        fns = {"plain": lambda b=batch: _step(plain, popt, b, preset.lr, preset.clip, dtype)}
         fns.update({m: (lambda b=batch, m=m: learned(m, b)) for m in modes})
         fns["apply"] = lambda: apply_only(learner)
         t = median_times(fns, a.steps, a.warmup)
         row = "".join(f" {t[m]:>20.3f} {t[m] / t['plain']:>7.2f}" for m in modes)
-        print(f"{bs:>6} {t['plain']:>13.3f}{row} {t['apply']:>21.3f}", flush=True)
+        print(f"{bs:>6} {tokens:>7} {t['plain']:>13.3f}{row} {t['apply']:>21.3f}", flush=True)
+    tmp.cleanup()
 
 if __name__ == "__main__":
     main()
