@@ -70,27 +70,28 @@ def _no_whole_models(monkeypatch):
     init = learner_module.Learner.__init__
 
     def recording(self, a, b, cfg, init_element=None):
-        seen.append((type(a), type(b)))
+        seen.append((type(a), type(b), cfg.recompute))
         init(self, a, b, cfg, init_element)
 
     monkeypatch.setattr(learner_module.Learner, "__init__", recording)
     return seen
 
 
-@pytest.mark.parametrize("method", ["dual", "learned"])
-def test_cli_learned_and_dual_never_load_a_model_whole(method, tmp_path, monkeypatch):
+@pytest.mark.parametrize("method, recompute", [("dual", "weights"), ("learned", "block")])
+def test_cli_learned_and_dual_never_load_a_model_whole(method, recompute, tmp_path, monkeypatch):
+    """(`--recompute` reaches the learner too.)"""
     from symmerge import cli
 
     pair, tok, text = char_pair(tmp_path, 20000)
     args = ["align", *pair, "--method", method, "--recipe", "quick", "--batch-size", "4", "--max-batches", "2",
-            "--val-batches", "1", "--steps", "2", "--eval-every", "2", "--max-iters", "2"]
+            "--val-batches", "1", "--steps", "2", "--eval-every", "2", "--max-iters", "2", "--recompute", recompute]
     with monkeypatch.context() as m:
         seen = _no_whole_models(m)
         with pytest.raises(AssertionError, match="whole model"):  # the control: the patches catch a whole load
             load_model(pair[0])
         out = tmp_path / "out"
         assert cli.main([*args, "-o", str(out), "--json", str(tmp_path / "r.json")]) == 0
-    assert seen and all(t == (LazyModel, LazyModel) for t in seen), seen
+    assert seen and all(t == (LazyModel, LazyModel, recompute) for t in seen), seen
     report = json.loads((tmp_path / "r.json").read_text())
     x = {"input_ids": torch.tensor([tok.encode(text[:32])])}
 

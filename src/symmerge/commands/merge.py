@@ -10,7 +10,7 @@ from .align import add_option
 from .checks import at_least, check_report_file
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here)
-LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches")
+LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches", "recompute")
 
 
 def register(sub) -> None:

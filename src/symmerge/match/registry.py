@@ -33,6 +33,7 @@ import torch
 from .. import SymmergeError
 from ..commands.checks import argument_type, at_least
 from ..model import Model
+from .blockwise import RECOMPUTE
 from .learn_config import (
     BATCH_TOKENS,
     EVALUATIONS,
@@ -154,6 +155,11 @@ OPTIONS = {o.name: o for o in (
            f"state; auto: as many as make the validation barrier's standard error at most {VAL_SE:g} nats, all "
            "of the split at most (with 4 batches of 64 MNIST images the choice followed noise, benchmarks/README.md)",
            argument_type(parse_val_batches)),
+    Option("recompute", _learn_default("recompute"), "what the backward recomputes of each block: block (its "
+           "weights and activations: memory holds the endpoints and about one block more, whatever the depth and "
+           "batch), weights (only the materialised weights; every block's activations kept, as plain training keeps "
+           "them: a forward less per step, for large batches when memory allows) or none (every block's weights "
+           "kept too); the result is the same", choices=RECOMPUTE),
     Option("val_points", FromRecipe("grid_points"), "λ grid of the validation barrier, endpoints included (11 "
            "sees the whole path as the reported barrier does)", at_least(3)),
 )}
@@ -208,7 +214,7 @@ def learn_config(method: str, families, opts, progress: bool = True, device: str
                       epochs=opts["epochs"], lr=opts["lr"], lam_range=opts["lam_range"],
                       lam_sampling=opts["lam_sampling"], seed=opts["seed"], eval_every=opts["eval_every"],
                       patience=opts["patience"], grid_points=opts["val_points"], val_batches=opts["val_batches"],
-                      progress=progress, device=device, dtype=dtype)
+                      progress=progress, device=device, dtype=dtype, recompute=opts.get("recompute") or "block")
     cfg.validate()
     return cfg
 
@@ -230,7 +236,7 @@ def _run_learned(method: str, a, b, families, data, opts, start, progress: bool 
 
 _DATA_OPTIONS = ("batch_size", "max_batches")
 _LEARN_OPTIONS = (*_DATA_OPTIONS, "recipe", "param", "steps", "epochs", "lr", "lam_range", "lam_sampling", "seed",
-                  "eval_every", "patience", "val_batches", "val_points")
+                  "eval_every", "patience", "val_batches", "val_points", "recompute")
 
 
 @dataclass
