@@ -13,6 +13,15 @@ reports `resource.getrusage(RUSAGE_SELF).ru_maxrss` after building and after the
 
 The target (issue 13): peak <= 1.3 x the two endpoints' bytes + 1 GiB, and flat in depth (peak minus
 endpoints about the same at every depth).
+
+`--cli TEXT` measures the command instead: a character tokenizer of TEXT is written beside both checkpoints
+(its ids fit the vocabulary), and `/usr/bin/time -v symmerge align A B -o OUT --method dual --data TEXT` runs
+with one weight-matching sweep, one learning step on one window of `--seq` characters, a 3-point validation
+grid on one window at steps 0 and 1, the outputs written and checked; its maximum resident set size is the
+peak of the whole command (`--cli-args` adds or overrides flags).
+
+    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b \
+        --cli ../shared/data/tinyshakespeare.txt
 """
 
 from __future__ import annotations
@@ -93,6 +102,31 @@ def child(a: str, b: str, method: str, dtype: str, batch: int, seq: int, recompu
                       "build_s": round(t1 - t0, 1), "step_s": round(time.perf_counter() - t1, 1)}), flush=True)
 
 
+def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str]) -> dict:
+    """`symmerge align A B --method dual` under /usr/bin/time -v; {"peak": bytes, "wall_s", "line"}."""
+    import shutil
+    import tempfile
+
+    from symmerge.tokenizers import char_tokenizer
+
+    tok = char_tokenizer(Path(text).read_text())
+    for folder in (a, b):
+        tok.save_pretrained(folder)
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "symmerge", "align", str(a), str(b), "-o", str(out),
+           "--method", "dual", "--data", text, "--recipe", "quick", "--steps", "1", "--batch-size", "1",
+           "--seq-len", str(seq), "--max-batches", "1", "--val-batches", "1", "--val-points", "3", "--eval-every", "1",
+           "--max-iters", "1", "--precision", "float32", "--cost-products", "bfloat16", *extra]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+    if proc.returncode != 0:
+        sys.exit(f"the command failed:\n{' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    stats = dict(line.strip().split(": ", 1) for line in proc.stderr.splitlines() if ": " in line and line.startswith("\t"))
+    wall = stats["Elapsed (wall clock) time (h:mm:ss or m:ss)"].split(":")
+    return {"peak": int(stats["Maximum resident set size (kbytes)"]) * 1024, "line": proc.stdout.strip().splitlines()[-1],
+            "wall_s": round(sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall))), 1), "cmd": " ".join(cmd)}
+
+
 def file_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
@@ -107,6 +141,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--recompute", default="block", help="block | weights | none (LearnConfig.recompute)")
+    ap.add_argument("--cli", default=None, metavar="TEXT", help="measure `symmerge align --method dual --data TEXT` instead")
+    ap.add_argument("--cli-args", default="", help="--cli: more flags for the command (space-separated)")
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -114,6 +150,14 @@ def main() -> None:
     config = config_for(args.shape, args.layers)
     name = f"{args.shape}-L{config.num_hidden_layers}"
     a, b = (write_random(Path(args.root) / f"{name}-{s}", config, s) for s in (0, 1))
+    if args.cli:
+        ends = file_bytes(a) + file_bytes(b)
+        r = cli(a, b, str(Path(args.cli).resolve()), args.seq, Path(args.root) / f"{name}-cli-out", args.cli_args.split())
+        target = 1.3 * ends + GIB
+        print(f"{r['cmd']}\n{r['line']}\n{name}: endpoints {ends / GIB:.2f} GiB; the command's maximum RSS "
+              f"{r['peak'] / GIB:.2f} GiB (target {target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'MISSED'}); "
+              f"wall {r['wall_s']} s")
+        return None
     cmd = [sys.executable, __file__, "--child", str(a), str(b), "--method", args.method, "--dtype", args.dtype,
            "--batch", str(args.batch), "--seq", str(args.seq), "--recompute", args.recompute]
     proc = subprocess.run(cmd, capture_output=True, text=True)
