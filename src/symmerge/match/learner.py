@@ -15,6 +15,7 @@ from .. import groups as G
 from ..apply import Prepared, StraightThrough, apply
 from ..evaluate import interpolate
 from ..merge import check_compatible
+from ..model import part_keys, part_of
 from ..spec import SCALE, Spec, compose, identity_element
 from .blockwise import BlockwiseForward, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
@@ -134,6 +135,7 @@ class Learner:
         eps = self.frozen["A"].part("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
         self.rescale = self.eps0 is not None and SCALE in self.spec.groups
+        self.lazy = self._lazy_groups()
 
     def _make_slots(self, cont, ste, methods) -> list[Slot]:
         slots = []
@@ -159,23 +161,38 @@ class Learner:
     def trainables(self) -> dict[str, torch.Tensor]:
         return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
 
-    def element(self, side: str, hard: bool) -> dict[str, torch.Tensor]:
-        """The side's learned element (on top of its base); straight-through permutations unless `hard`."""
-        g = dict(self.base[side])
-        for s in (s for s in self.slots if s.side == side):
-            grp = self.spec.groups[s.group]
-            if s.param is None and grp.structure.index_vector:
-                p = lap(s.raw["latent"])
-                g[s.group] = p if hard else StraightThrough(p, s.raw["latent"])
-                continue
-            if s.param is None:  # the residual permutation acts as a matrix: hard forward, latent backward
-                latent = s.raw["latent"]
-                p = torch.nn.functional.one_hot(lap(latent), grp.size).to(G.DTYPE)
-                g[s.group] = p if hard else p + (latent - latent.detach())
-                continue
-            h = s.param.element(s.raw, s.fixed)
-            g[s.group] = h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[side][s.group])
+    def element(self, side: str, hard: bool, only=None, skip=()) -> dict[str, torch.Tensor]:
+        """The side's learned element (on top of its base); straight-through permutations unless `hard`.
+        `only`: just these groups' learned values (nothing of the base); `skip`: these groups left at the base."""
+        g = {} if only is not None else dict(self.base[side])
+        for s in self.slots:
+            if s.side == side and (only is None or s.group in only) and s.group not in skip:
+                g[s.group] = self._slot_element(s, hard)
         return g
+
+    def _slot_element(self, s: Slot, hard: bool):
+        grp = self.spec.groups[s.group]
+        if s.param is None and grp.structure.index_vector:
+            p = lap(s.raw["latent"])
+            return p if hard else StraightThrough(p, s.raw["latent"])
+        if s.param is None:  # the residual permutation acts as a matrix: hard forward, latent backward
+            latent = s.raw["latent"]
+            p = torch.nn.functional.one_hot(lap(latent), grp.size).to(G.DTYPE)
+            return p if hard else p + (latent - latent.detach())
+        h = s.param.element(s.raw, s.fixed)
+        return h if self.cfg.anchor == "absolute" else G.compose(grp, h, self.base[s.side][s.group])
+
+    def _lazy_groups(self) -> tuple[set, dict]:
+        """(the continuous learned groups that act on one block only, {part key: those of them acting on it}):
+        `path` builds their elements inside that block's materialisation, so that the backward's recomputation
+        builds them again and one layer's elements (and their parameterisation's autograd buffers) are alive at
+        a time, not every layer's."""
+        acting = {key: set() for key in part_keys(self.frozen["A"].shape)}
+        for name, actions in self.spec.actions.items():
+            acting[part_of(name)].update(a.group for a in actions)
+        ends = acting["embed"] | acting["final"]
+        lazy = {s.group for s in self.slots if s.param is not None and s.group not in ends}
+        return lazy, {key: groups & lazy for key, groups in acting.items() if groups & lazy}
 
     def prepared(self, g: dict) -> dict:
         return prepare(self.spec, g, self.fixed_groups, self.identity, self.forward.dtype, self.forward.device)
@@ -191,9 +208,12 @@ class Learner:
 
     def path(self, lam, hard: bool) -> PartFn:
         """Canonical tensors of one part of (1 - lam)·gA·A + lam·gB·B in the forward's dtype (gA: the identity for
-        one-sided learning), for `BlockwiseForward`; the elements are built once, each part acted on when asked."""
-        raw = {side: self.element(side, hard) for side in self.base}
-        prepared = {side: self.prepared(g) for side, g in raw.items()}
+        one-sided learning), for `BlockwiseForward`, each part acted on when asked. The elements of the groups
+        acting on the ends (the residual ones) and the permutations are built once; the continuous maps of one
+        block (QK, OV, GLU scales) inside that block's part (`_lazy_groups`)."""
+        lazy, per_part = self.lazy
+        raw = {side: self.element(side, hard, skip=lazy) for side in self.base}
+        prepared = {side: self.prepared({n: t for n, t in g.items() if n not in lazy}) for side, g in raw.items()}
         scale = self._eps_scale(raw, lam)
         dt = self.forward.dtype
 
@@ -201,7 +221,11 @@ class Learner:
             moved = {}
             for side in ("A", "B"):
                 tensors = select(self.frozen[side].part(key), rows, dt)
-                moved[side] = apply(self.spec, prepared[side], tensors) if side in prepared else tensors
+                if side in prepared and key in per_part:
+                    g = {**prepared[side], **self.prepared(self.element(side, hard, only=per_part[key]))}
+                else:
+                    g = prepared.get(side)
+                moved[side] = apply(self.spec, g, tensors) if g is not None else tensors
             mixed = interpolate(moved["A"], moved["B"], lam)
             return mixed if scale is None else apply(self.spec, {SCALE: scale}, mixed)
 
