@@ -3,26 +3,34 @@ materialised inside the forward, so that memory holds the frozen endpoints and o
 
 - `Frozen`: one endpoint's canonical tensors, read part by part (`model.part_keys`: embeddings, each
   block, final norm and head) from a `Model` in memory or a `LazyModel` (its safetensors files read one
-  part at a time, in float64), moved by a fixed element on the way if asked (dual: the absorbed
-  weight-matching solution) and kept in the checkpoint's own dtype on the forward's device. 0-dim
-  tensors (`norm.eps`) stay float64 on the CPU: the config's eps is a float64 number.
+  part at a time, in float64, or float32 for a 16-bit store: `read_dtype`), moved by a fixed element on
+  the way if asked (dual: the absorbed weight-matching solution) and kept in the checkpoint's own dtype on
+  the forward's device. 0-dim tensors (`norm.eps`) stay float64 on the CPU: the config's eps is a float64
+  number. `fill` reads several stores' ends first, while little is kept.
 - `BlockwiseForward`: a stock HF model of the class built without weights (parameters on the meta
   device, buffers real), whose blocks (`HookPoints.block`) are replaced by stand-ins.
-  `loss(part, batch)` runs the stock top-level forward with the embeddings, final norm and head
-  materialised by `part("embed")` and `part("final")`; the stand-in of block i calls `part(i)` and the
-  stock block on the result through `functional_call`, inside `torch.utils.checkpoint` (non-reentrant)
-  when gradients are on: the backward recomputes the block's weights and activations instead of keeping
-  them, so a step holds the endpoints, the ends, one block and the blocks' inputs, whatever the depth.
+  `loss(part, batch)` runs the stock top-level forward with the rest of the ends (final norm, a ViT's
+  patch projection, ...) materialised by `part("embed")` and `part("final")`; the stand-in of block i
+  calls `part(i)` and the stock block on the result through `functional_call`, inside
+  `torch.utils.checkpoint` (non-reentrant) when gradients are on: the backward recomputes the block's
+  weights and activations instead of keeping them, so a step holds the endpoints, one block and the
+  blocks' inputs, whatever the depth. The vocabulary-sized ends are fed by rows (`Vocab`): an embedding
+  gets only the rows of the batch's distinct ids, a head (or classifier) `head_rows` rows at a time, each
+  chunk checkpointed like a block; no vocabulary x d_model tensor is materialised (at Pythia-1.4B shape
+  each is 0.2 GB in bf16, and a step made six of them and their gradients).
   `part` is the caller's: canonical tensors of one part (learned matching: the interpolated endpoints,
   each moved by its group element; the element of a block acts on that block's tensors only, the
-  residual group on every part).
+  residual group on every part), optionally only some tensors and rows (`PartFn`).
 
 Invariant: `loss(part, batch)` is the stock HF loss of the state dict that `part` gives over all parts
 (`evaluate.StockForward.loss` on the same canonical parameters, the plain path), by the same operations
-in the same order; only the order in which gradients from different blocks are summed differs
-(tests/test_blockwise.py checks loss and gradients on every architecture, and that a wrong block order
-is caught). Where it fails: a stock class whose top-level forward reads block parameters outside the
-block modules (none of the supported ones does), or an adapter without `HookPoints.block` (refused).
+in the same order, but for the rows: a lookup in the rows it asks for, and a head's output computed in
+chunks of rows, are the whole table's row by row (the group acts on their d_model axis only; checked
+per tensor, `vocab_modules`); the order in which gradients from different blocks are summed differs
+(tests/test_blockwise.py checks loss and gradients on every architecture, that a wrong block order and
+rows one further on are caught, and a padding index). Where it fails: a stock class whose top-level
+forward reads block parameters outside the block modules (none of the supported ones does), or an
+adapter without `HookPoints.block` (refused).
 """
 
 from __future__ import annotations
