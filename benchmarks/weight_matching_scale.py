@@ -146,6 +146,7 @@ def main() -> None:
 
     seconds: dict[str, float] = {}
     steps_mod.linear_assignment = Timed(steps_mod.linear_assignment, seconds, "assignment")
+    steps_mod.assignment_minimising = Timed(steps_mod.assignment_minimising, seconds, "assignment")
     steps_mod.solve_map = Timed(steps_mod.solve_map, seconds, "procrustes_maps")
     residual_mod.best_rotation = Timed(residual_mod.best_rotation, seconds, "procrustes_maps")
     log: list = []

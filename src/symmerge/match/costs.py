@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..spec import Action, Spec
-from .weight_products import EXACT, cross
+from .weight_products import EXACT, cross, operand
 
 
 def touching(spec: Spec, group: str) -> dict[str, Action]:
@@ -34,13 +34,14 @@ def gram_cross(spec: Spec, group: str, A: dict, B: dict, names=None, products=EX
     """`sum_t A_t B_t^T` along the group's axis (`[*batch, n, n]`); `names` restricts the tensors.
 
     One product over every tensor at once (the tensors side by side along m), in the precision
-    `products` names (`weight_products.cross`)."""
+    `products` names (`weight_products.cross`); with bf16 products each tensor is rounded before the
+    tensors are put side by side (the same operands, in half the memory)."""
     xa, xb = [], []
     for name, a in touching(spec, group).items():
         if (names is not None and name not in names) or name not in A:
             continue
-        xa.append(along(A[name], a))
-        xb.append(along(B[name], a))
+        xa.append(operand(along(A[name], a), products))
+        xb.append(operand(along(B[name], a), products))
     if not xa:
         return None
     return cross(torch.cat(xa, -1), torch.cat(xb, -1), products)

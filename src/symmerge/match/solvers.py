@@ -40,7 +40,21 @@ from .weight_products import on_device
 
 def linear_assignment(score: torch.Tensor) -> torch.Tensor:
     """`p` (int64 `[n]`) maximising `sum_i score[i, p[i]]` over permutations."""
-    rows, cols = linear_sum_assignment(score.detach().cpu().numpy(), maximize=True)
+    return assignment_minimising(minimising_costs(score))
+
+
+def minimising_costs(score: torch.Tensor) -> np.ndarray:
+    """`-score` in float64 on the CPU: what scipy's `maximize=True` negates internally, made in one copy
+    (scipy then takes it without another; at n = 11,008 each copy is 0.9 GiB). A caller that drops `score`
+    before `assignment_minimising` holds only this copy during the solve."""
+    cost = torch.empty(score.shape, dtype=torch.float64)
+    cost.copy_(score.detach())
+    return cost.neg_().numpy()
+
+
+def assignment_minimising(cost: np.ndarray) -> torch.Tensor:
+    """`p` (int64 `[n]`) minimising `sum_i cost[i, p[i]]` (float64 `cost`, C-contiguous: solved in place)."""
+    rows, cols = linear_sum_assignment(cost)
     p = np.empty(len(rows), dtype=np.int64)
     p[rows] = cols
     return torch.from_numpy(p)

@@ -86,6 +86,12 @@ def mkl_available() -> bool:
     return _mkl_gemm() is not None
 
 
+def operand(x: torch.Tensor, products: str | Products | None = EXACT) -> torch.Tensor:
+    """`x` as `cross` multiplies it: rounded to bfloat16 for bf16 products, else unchanged."""
+    precision = products.precision if isinstance(products, Products) else products
+    return x.to(torch.bfloat16) if precision == BF16 else x
+
+
 def cross(x: torch.Tensor, y: torch.Tensor, products: str | Products | None = EXACT) -> torch.Tensor:
     """`x @ y^T` over the last axis, batched over the leading ones (see the module docstring); `products`: a
     precision, or `Products` (a precision and a device)."""
