@@ -57,9 +57,10 @@ def barrier_row(paths, batches, simplex_points: int) -> dict:
 def pairwise_cost(paths) -> dict:
     """N pairwise weight matchings (model i to model i+1, every default family, from the identity), streamed."""
     from symmerge.match.weight import weight_match
+    from symmerge.merge_many import check_models
     from symmerge.model import LazyModel
 
-    models = [LazyModel(p) for p in paths]
+    models, _ = check_models([LazyModel(p) for p in paths], [str(p) for p in paths])  # a width pair: expanded
     fams = models[0].spec.default_families()
     t0 = time.perf_counter()
     sweeps = []
