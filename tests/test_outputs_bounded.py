@@ -143,3 +143,34 @@ def test_cli_merge_dual_never_loads_a_model_whole_and_takes_device_and_dtype(tmp
     assert cli.main(["merge", *models, "-o", str(tmp_path / "w"), "--dtype", "bfloat16"]) == 2
     assert "--device and --dtype are for merge --method learned or dual" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_the_endpoints_are_freed_before_the_outputs_are_written(tmp_path, monkeypatch):
+    """With the garbage collector off (reference counting only), no frozen endpoint store is alive when
+    `align --method dual` writes its outputs: nothing refers back to the learner (a closure over it in a store
+    kept the whole learner, and both endpoints, alive through writing and checking). Control: a store made
+    here and kept is counted."""
+    import gc
+
+    from symmerge import cli
+    from symmerge.match import blockwise, outputs
+
+    pair, tok, text = char_pair(tmp_path, 20000)
+    counts = []
+    save = outputs.save_outputs
+
+    def counting(*a, **k):
+        counts.append(sum(isinstance(o, blockwise.Frozen) for o in gc.get_objects()))
+        return save(*a, **k)
+
+    monkeypatch.setattr(outputs, "save_outputs", counting)
+    kept = blockwise.Frozen(LazyModel(pair[0]))
+    gc.disable()
+    try:
+        assert cli.main(["align", *pair, "-o", str(tmp_path / "o"), "--method", "dual", "--recipe", "quick", "--steps",
+                         "2", "--batch-size", "4", "--max-batches", "2", "--val-batches", "1", "--eval-every", "2",
+                         "--max-iters", "1"]) == 0
+    finally:
+        gc.enable()
+    assert counts == [1], counts  # only `kept`
+    del kept

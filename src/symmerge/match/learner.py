@@ -138,7 +138,9 @@ class Learner:
         self.slots = self._make_slots(cont, ste, methods)
         self.identity = ident
         device = torch.device(cfg.device)
-        absorb = (lambda part: apply(self.spec, self.init, part)) if self.dual and init is not None else None
+        spec, start = self.spec, self.init  # not `self`: the frozen store keeps this function (no reference cycle,
+        # so the endpoints go when the learner does, before the outputs are written)
+        absorb = (lambda part: apply(spec, start, part)) if self.dual and init is not None else None
         self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
         fill(list(self.frozen.values()))  # the ends of both first (see `blockwise.fill`)
         self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device, cfg.recompute)
