@@ -49,7 +49,7 @@ def minimising_costs(score: torch.Tensor) -> np.ndarray:
     before `assignment_minimising` holds only this copy during the solve."""
     cost = torch.empty(score.shape, dtype=torch.float64)
     cost.copy_(score.detach())
-    return cost.neg_().numpy()
+    return cost.neg_().cpu().numpy()  # a CPU tensor already: .cpu() returns it, no copy
 
 
 def assignment_minimising(cost: np.ndarray) -> torch.Tensor:
