@@ -159,11 +159,16 @@ def test_the_endpoints_are_freed_before_the_outputs_are_written(tmp_path, monkey
     counts = []
     save = outputs.save_outputs
 
+    def stores():
+        return {id(o) for o in gc.get_objects() if isinstance(o, blockwise.Frozen)}
+
     def counting(*a, **k):
-        counts.append(sum(isinstance(o, blockwise.Frozen) for o in gc.get_objects()))
+        counts.append(len(stores() - before))  # stores made by this test (earlier tests' are not its business)
         return save(*a, **k)
 
     monkeypatch.setattr(outputs, "save_outputs", counting)
+    gc.collect()
+    before = stores()
     kept = blockwise.Frozen(LazyModel(pair[0]))
     gc.disable()
     try:
