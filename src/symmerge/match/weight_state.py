@@ -41,10 +41,17 @@ class State:
     def offer(self, names: list[str], candidate: dict, judge=None) -> bool:
         """Keep `candidate` if it lowers the squared distance of `names` (exactly rounded sums).
 
+        A candidate outside the group (a singular map where the kind is invertible, e.g. a QK/OV map solved
+        against a width-expanded model's zero head dimensions) or with a non-finite distance is refused, so the
+        objective stays monotone and the element stays a member.
+
         `names` must be every tensor the candidate changes; `judge` (default: all of them) are the
         ones whose distance decides (the first sweep judges on the tensors its cost could use).
         """
-        new = self._terms(names, candidate)
+        try:
+            new = self._terms(names, candidate)
+        except torch.linalg.LinAlgError:  # a map of the invertible kinds that is singular: not in the group
+            return False
         if not all(math.isfinite(v) for v in new.values()):
             return False
         judge = names if judge is None else [n for n in names if n in judge]
