@@ -19,13 +19,13 @@ Everything is deterministic: the same call returns the same batches, in file ord
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from . import SymmergeError
+from .envvars import flag
 from .images import SPLITS, is_image_source, load_images, preprocess, read_processor_config
 from .tokenizers import encode, load_tokenizer
 
@@ -222,7 +222,6 @@ def describe_data(data: str) -> dict:
 
 #: seconds the Hugging Face Hub gets to answer a connection before hf:NAME is loaded from the cache only
 HUB_PROBE_SECONDS = 3.0
-_FALSE = ("", "0", "false", "no", "off")
 
 
 @contextlib.contextmanager
@@ -233,7 +232,7 @@ def _hub_offline_unless_reachable(datasets):
     rather than after a minute of retries."""
     import huggingface_hub.constants as hub
 
-    env = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "").strip().lower() not in _FALSE]
+    env = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if flag(v)]
     why = f"{env[0]} is set (offline mode)" if env else None
     if why is None and not _reachable(hub.ENDPOINT, HUB_PROBE_SECONDS):
         why = f"{hub.ENDPOINT} cannot be reached (no network?)"
