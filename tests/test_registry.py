@@ -119,3 +119,31 @@ def test_reports_are_stamped():
     assert {k: rep[k] for k in payload} == payload
     with pytest.raises(SymmergeError, match="schema"):
         stamped("align", {"command": "x"})
+
+
+@pytest.mark.parametrize("model_type, cls", [
+    ("gpt2", "GPT2LMHeadModel"), ("gpt_neox", "GPTNeoXForCausalLM"), ("llama", "LlamaForCausalLM"),
+    ("mistral", "MistralForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("olmo", "OlmoForCausalLM"),
+    ("vit", "ViTForImageClassification"),
+])
+def test_config_without_architectures_is_read_by_model_type(model_type, cls):
+    from transformers import AutoConfig
+
+    from symmerge.adapters import ADAPTERS
+
+    config = AutoConfig.for_model(model_type)
+    config.architectures = None
+    assert adapter_for(config) is ADAPTERS[cls]
+
+
+def test_config_without_architectures_of_a_refused_class_says_why():
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("olmo2")
+    config.architectures = None
+    with pytest.raises(SymmergeError, match="post-norm"):
+        adapter_for(config)
+    config = AutoConfig.for_model("bloom")  # a class symmerge has no adapter for: refused by name
+    config.architectures = None
+    with pytest.raises(SymmergeError, match="not supported"):
+        adapter_for(config)
