@@ -32,6 +32,7 @@ from torch.func import functional_call
 from . import SymmergeError
 from .apply import apply
 from .model import Model, build_hf_model, export_state_dict
+from .spec import SCALE
 
 Params = dict[str, torch.Tensor]
 
@@ -69,7 +70,7 @@ def at_eps(model: Model, params: Params, eps0: float) -> Params:
     """`params` moved by the residual scale c = sqrt(eps0 / eps) so that their normalisation eps is
     `eps0` (the function is unchanged; see the module docstring). Only for models with a residual scale."""
     c = torch.sqrt(eps0 / params["norm.eps"].to(torch.float64))
-    return apply(model.spec, {"residual.scale": c}, params)
+    return apply(model.spec, {SCALE: c}, params)
 
 
 class StockForward:
@@ -89,7 +90,7 @@ class StockForward:
         self.hf.requires_grad_(False)
         self.keys = set(self.hf.state_dict())  # the export may hold zero biases the class has no slot for
         self.eps0 = float(model.params["norm.eps"]) if "norm.eps" in model.params else None
-        self.rescale = self.eps0 is not None and "residual.scale" in model.spec.groups
+        self.rescale = self.eps0 is not None and SCALE in model.spec.groups
 
     def cast(self, params: Params) -> Params:
         """Frozen canonical parameters in the forward's dtype and device (done once per model)."""

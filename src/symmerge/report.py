@@ -35,6 +35,7 @@ from pathlib import Path
 
 from . import SymmergeError, __version__
 from .model import LazyModel
+from .spec import ROTATION
 
 SCHEMA_VERSION = 1
 STAMPS = ("schema_version", "command", "symmerge_version")
@@ -87,7 +88,7 @@ def describe(model: LazyModel) -> dict:
 
 def _subgroup_notes(model: LazyModel) -> list[str]:
     """The selectable subgroups that are not families of their own in the spec."""
-    if "residual.rotation" not in model.spec.groups:
+    if ROTATION not in model.spec.groups:
         return []
     return ["--groups residual_perm (instead of residual_rotation) restricts the residual rotation to permutation "
             "matrices: permutation-only matching"]
