@@ -67,3 +67,53 @@ def test_balanced_lstsq_stays_well_conditioned_on_unrelated_data():
     g = balanced_lstsq(r(8, 50), r(8, 50), r(8, 50), r(8, 50))
     sv = torch.linalg.svdvals(g)
     assert float(sv.min()) > 0.2 and float(sv.max()) < 5
+
+
+def _padded(gen, n: int, r: int, m: int) -> torch.Tensor:
+    """[n, m] with data in the first r rows and zeros below (an expanded model's zero-padded head dimensions)."""
+    return torch.cat([torch.randn(r, m, generator=gen, dtype=torch.float64), torch.zeros(n - r, m, dtype=torch.float64)])
+
+
+def _map_objective(g, xa, xb, ya, yb) -> float:
+    """The true objective `||G xb - xa||^2 + ||G^{-T} yb - ya||^2`."""
+    return float(((g @ xb - xa) ** 2).sum() + ((torch.linalg.inv(g).transpose(-1, -2) @ yb - ya) ** 2).sum())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_balanced_lstsq_on_zero_padded_directions_beats_the_identity_and_a_near_map(seed):
+    """B with data in r of n directions, A with data everywhere (a wide model against an expanded narrow one):
+    A is a rotation of B's data plus noise, so the rotation is a good member and the identity a poor one.
+    The map found must beat both (before the fix, the full-space solve completed by the identity on B's
+    empty directions cost 100x the identity: the inverse side was pinned to B's own r directions)."""
+    gen = torch.Generator().manual_seed(10 + seed)
+    n, r, m = 8, 4, 30
+    xb, yb = _padded(gen, n, r, m), _padded(gen, n, r, m)
+    q = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
+    noise = lambda: 0.3 * torch.randn(n, m, generator=gen, dtype=torch.float64)  # noqa: E731
+    xa, ya = q @ xb + noise(), q @ yb + noise()
+    found = balanced_lstsq(xa, xb, ya, yb)
+    got = _map_objective(found, xa, xb, ya, yb)
+    assert got <= _map_objective(q, xa, xb, ya, yb) and got < _map_objective(torch.eye(n, dtype=torch.float64), xa, xb, ya, yb)
+    assert float(torch.linalg.svdvals(found).min()) > 1e-3  # invertible, not merely refused later
+
+
+def test_balanced_lstsq_on_zero_padded_directions_is_exact_for_a_planted_map():
+    """Batched: a head with empty directions, one with data everywhere and a zero head. Where B has data, the
+    planted map's action on B is recovered exactly (on B's empty directions any completion is as good); a zero
+    head gets the identity."""
+    gen = torch.Generator().manual_seed(5)
+    n, r, m = 8, 3, 20
+    grp = G.Group("m", "qk_map", "invertible", n, batch=(3,))
+    mp = G.random_element(grp, gen)
+    xb = torch.stack([_padded(gen, n, r, m), torch.randn(n, m, generator=gen, dtype=torch.float64), torch.zeros(n, m, dtype=torch.float64)])
+    yb = torch.stack([_padded(gen, n, r, m), torch.randn(n, m, generator=gen, dtype=torch.float64), torch.zeros(n, m, dtype=torch.float64)])
+    inv_t = lambda g: torch.linalg.inv(g).transpose(-1, -2)  # noqa: E731
+    xa, ya = mp @ xb, inv_t(mp) @ yb
+    found = balanced_lstsq(xa, xb, ya, yb)
+    eps = torch.finfo(torch.float64).eps
+    scale = float(xa.abs().max() + ya.abs().max())
+    assert float((found @ xb - xa).abs().max()) < 1e4 * eps * scale
+    assert float((inv_t(found) @ yb - ya).abs().max()) < 1e4 * eps * scale
+    assert float((found[2] - torch.eye(n, dtype=torch.float64)).abs().max()) == 0.0
+    # negative control: the planted map's inverse does not reproduce A
+    assert float((inv_t(mp) @ xb - xa).abs().max()) > 1e-3

@@ -143,6 +143,9 @@ def balanced_lstsq(xa, xb, ya, yb) -> torch.Tensor:
        and each is set to its exact minimiser (`best_scale`). Step 2 keeps G well-conditioned: the
        balanced form alone shrinks G towards 0 when A and B are weakly correlated (G = 0 costs it
        nothing), which the true objective punishes through G^{-T}.
+
+    Where B has no data in some directions (an expanded model's zero-padded head dimensions), both steps
+    are wrong in the full space and the map is solved on B's data directions instead (`_on_data`).
     """
     t = lambda m: m.transpose(-1, -2)  # noqa: E731
     g0 = _sylvester_psd(xb @ t(xb), ya @ t(ya), xa @ t(xb) + ya @ t(yb))
@@ -150,31 +153,83 @@ def balanced_lstsq(xa, xb, ya, yb) -> torch.Tensor:
     xa_, xb_, ya_, yb_ = t(u) @ xa, vh @ xb, t(u) @ ya, vh @ yb
     s_new = exact_diagonal(xa_, xb_, ya_, yb_)
     s_new = torch.where(torch.isfinite(s_new), s_new, sv)
-    return _complete_empty(u @ torch.diag_embed(s_new) @ vh, xb, yb, ya)
+    return _on_data(u @ torch.diag_embed(s_new) @ vh, xa, xb, ya, yb)
 
 
-def _null_basis(x: torch.Tensor) -> torch.Tensor:
-    """Orthonormal basis [n, k] of the directions that no column of x [n, m] reaches."""
+def _split_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Orthonormal bases ([n, r], [n, n - r]) of the directions the columns of x [n, m] reach and of those
+    no column reaches."""
     lam, vec = torch.linalg.eigh(x @ x.T)
-    return vec[:, lam <= torch.finfo(DTYPE).eps * lam.amax().clamp_min(torch.finfo(DTYPE).tiny) * x.shape[0]]
+    empty = lam <= torch.finfo(DTYPE).eps * lam.amax().clamp_min(torch.finfo(DTYPE).tiny) * x.shape[0]
+    return vec[:, ~empty], vec[:, empty]
 
 
-def _complete_empty(g: torch.Tensor, xb, yb, ya) -> torch.Tensor:
-    """G made invertible on the directions where B has no data on either side (an expanded model's
-    zero-padded head dimensions, `symmerge.expand`): the data leave `G V0` free except that it must be
-    orthogonal to A's reader side (`Ya^T G V0 = Yb^T V0 = 0`), so G maps V0 onto that complement,
-    which is exact for a planted element. Unchanged wherever B has data in every direction."""
+def _on_data(g: torch.Tensor, xa, xb, ya, yb) -> torch.Tensor:
+    """G re-solved where B has no data on either side in directions V0 (unchanged where B has data in every
+    direction).
+
+    B's data span V1 [n, r]; G acts on B only through `W = G V1` (the "g" side, `G xb = W V1^T xb`) and
+    `Z = G^{-T} V1` (the "inv_t" side), and any pair with `W^T Z = I_r` is some invertible G's:
+    `G = W V1^T + C V0^T` with C a basis of Z's orthogonal complement (then `G^T Z = V1`). The full-space
+    solve cannot see that: its inverse side is pinned by how G is completed on V0, so against a wide model
+    with data everywhere (nothing to complete onto) it left Z in B's own r directions and the candidate
+    was far worse than the identity (and often rejected, with the layer's head permutation). The pair is
+    solved by `_reduced_map`."""
     out = g.clone()
     flat = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731
-    for i, (gi, xi, yi, ai) in enumerate(zip(flat(g), flat(xb), flat(yb), flat(ya))):
-        v0 = _null_basis(torch.cat([xi, yi], -1))
-        if v0.shape[1] == 0:
-            continue
-        w0 = _null_basis(ai)
-        if w0.shape[1] != v0.shape[1]:
-            w0 = v0  # no exact completion to find: the identity on the empty directions
-        flat(out)[i] = gi - gi @ v0 @ v0.T + w0 @ v0.T
+    for i, (ai, bi, ci, di) in enumerate(zip(flat(xa), flat(xb), flat(ya), flat(yb))):
+        v1, v0 = _split_basis(torch.cat([bi, di], -1))
+        if v0.shape[1] > 0:
+            flat(out)[i] = _reduced_map(ai, v1.T @ bi, ci, v1.T @ di, v1, v0)
     return out
+
+
+def _pair_objective(w, z, xa, xb1, ya, yb1) -> float:
+    return float(((w @ xb1 - xa) ** 2).sum() + ((z @ yb1 - ya) ** 2).sum())
+
+
+def _other_side(w: torch.Tensor, target: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+    """The exact minimiser of `||z data - target||^2` over z [n, r] with `w^T z = I_r` (w [n, r] of full
+    column rank): `z = w (w^T w)^{-1} + P K`, P a basis of w's orthogonal complement, K least squares."""
+    n, r = w.shape
+    part = w @ torch.linalg.inv(w.T @ w)
+    perp = torch.linalg.svd(w, full_matrices=True)[0][:, r:]  # [n, n - r]
+    k = perp.T @ (target - part @ data) @ torch.linalg.pinv(data)
+    return part + perp @ k
+
+
+def _reduced_map(xa, xb1, ya, yb1, v1, v0, iters: int = 50, rtol: float = 1e-12) -> torch.Tensor:
+    """The invertible G acting on B's data directions V1 only (`_on_data`): the pair (W, Z), W^T Z = I,
+    minimising `||W xb1 - xa||^2 + ||Z yb1 - ya||^2` (xb1, yb1: B's data in V1's coordinates).
+
+    Two starts, the better kept: the balanced least squares on V1 with exact singular values (Z = W^{-T} on
+    W's range, as `balanced_lstsq`), and the balanced W with Z its exact best (exact for a planted
+    element); then W and Z alternate, each the exact minimiser given the other (`_other_side`), so the
+    objective only falls. V0 goes to Z's orthogonal complement (a zero head, r = 0: the identity)."""
+    n, r = xa.shape[0], v1.shape[1]
+    if r == 0:
+        return torch.eye(n, dtype=xa.dtype)
+    w0 = _sylvester_psd(xb1 @ xb1.T, ya @ ya.T, xa @ xb1.T + ya @ yb1.T)  # [n, r]
+    u, s, vt = torch.linalg.svd(w0, full_matrices=False)
+    s_new = exact_diagonal(u.T @ xa, vt @ xb1, u.T @ ya, vt @ yb1)
+    s_new = torch.where(torch.isfinite(s_new) & (s_new != 0), s_new, torch.where(s > 0, s, torch.ones_like(s)))
+    starts = [(u * s_new @ vt, u / s_new @ vt)]
+    if float(s.min()) > torch.finfo(DTYPE).eps * float(s.max()) * n:
+        starts.append((w0, _other_side(w0, ya, yb1)))
+    f = lambda p: _pair_objective(*p, xa, xb1, ya, yb1)  # noqa: E731
+    w, z = min(starts, key=f)
+    best, scale = f((w, z)), float((xa ** 2).sum() + (ya ** 2).sum())
+    for _ in range(iters):
+        z2 = _other_side(w, ya, yb1)
+        w2 = _other_side(z2, xa, xb1)
+        now = f((w2, z2))
+        if not now < best:
+            break
+        w, z, gained, best = w2, z2, best - now, now
+        if gained <= rtol * scale:
+            break
+    c = torch.linalg.svd(z, full_matrices=True)[0][:, r:]  # [n, n - r]: Z's orthogonal complement
+    return w @ v1.T + c @ v0.T
 
 
 def _rope_pairs_lstsq(xa, xb, ya, yb, pairing):
