@@ -189,3 +189,39 @@ def test_merge_reuses_a_found_alignment(gpt2s, tmp_path, monkeypatch):
     with pytest.raises(SymmergeError, match="alignment of 2 models"):
         merge_models(paths, tmp_path / "m3", opts=opts, start=short)
     assert not (tmp_path / "m3").exists()
+
+
+def test_a_later_round_costs_at_most_round_one_per_match(gpt2s, monkeypatch):
+    """Each match of a later round is bounded by round 1's mean sweeps per match (rounded up) and ends on a
+    sweep worth at most the round's stop rule shared over the n matches (`many.later_match_bounds`): a later
+    round cannot cost more sweeps than n such matches, whatever the models; the history still never decreases."""
+    spec, n, tol, max_iters = gpt2s[0].spec, 4, 1e-3, 20
+    params, w = [m.params for m in gpt2s], [0.4, 0.3, 0.2, 0.1]
+    calls = []
+    real = many_mod.weight_match
+
+    def spy(*a, **k):
+        res = real(*a, **k)
+        calls.append((k.get("g0") is not None, a[4], k.get("min_gain", 0.0), res))
+        return res
+
+    monkeypatch.setattr(many_mod, "weight_match", spy)
+    res = weight_match_many(spec, params, w, spec.default_families(), max_rounds=4, max_iters=max_iters, seed=0, tol=tol)
+    monkeypatch.undo()
+    assert _monotone(res.history), res.history
+    first = [len(r.history) - 1 for later, _, _, r in calls if not later]
+    cap = min(max_iters, math.ceil(sum(first) / len(first)))
+    later = [(it, gain, r) for is_later, it, gain, r in calls if is_later]
+    visited = [i for order in res.orders[1:] for i in order]  # the model of each later match, in call order
+    assert len(later) == len(visited) > 0 and all(it == cap for it, _, _ in later), (cap, [it for it, *_ in later])
+    assert all(k <= n * cap for k in res.round_sweeps[1:]), (cap, res.round_sweeps)
+    _, norm2 = many_mod.objective_terms(spec, params, [{}] * n, w)
+    share = tol * max(abs(h) for h in res.history) / n  # the round rule's share; the value used is at most this
+    stopped = 0
+    for (it, min_gain, r), i in zip(later, visited):
+        d = r.extra["distances"]
+        assert 0 < min_gain * w[i] * (1 - w[i]) / norm2 <= share * (1 + 1e-12)
+        if len(d) - 1 < it:  # stopped before the cap: on a sweep worth at most the share
+            stopped += 1
+            assert d[-2] - d[-1] <= min_gain
+    assert stopped > 0  # the gain bound did end some matches

@@ -69,7 +69,7 @@ class MatchResult:
 def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters: int = 20,
                  tol: float = 1e-12, g0: dict | None = None, progress: bool = False,
                  dtype: torch.dtype = G.DTYPE, products: str | None = None,
-                 device: torch.device | str | None = None) -> MatchResult:
+                 device: torch.device | str | None = None, min_gain: float = 0.0) -> MatchResult:
     """The element g of the selected families making g·B closest to A.
 
     `A`, `B`: canonical parameter dicts, or anything with `part(key)` (a `model.LazyModel`), read one
@@ -86,6 +86,8 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     products run (B's blocks under the residual rotation, the assignment costs, the residual
     cross-covariances) and the Procrustes solves; the parts are read, the assignments solved and the
     element kept on the CPU, so a GPU changes only where the products run (and their summation order).
+    `min_gain`: from a given `g0`, also stop after a sweep that lowers the squared distance by at most this
+    much (many-model rounds bound their matches by it, `many.weight_match_many`); 0: the `tol` rule alone.
     """
     from ..model import part_keys
     from ..progress import tqdm
@@ -133,6 +135,8 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
             run.g, restarted, history[-1], distances[-1] = dict(g), True, history[0], distances[0]
         first = False
         if it > 0 and history[-1] - history[-2] <= tol * max(abs(history[-1]), 1e-30):
+            break
+        if min_gain > 0 and g0 is not None and distances[-2] - distances[-1] <= min_gain:
             break
     extra = {"restarted": restarted, "seconds_by_step_kind": run.seconds, "distances": distances, "norm2": norm2}
     return MatchResult(run.g, history, time.perf_counter() - start, run.rejected, run.steps, extra)
