@@ -4,7 +4,7 @@ N-model weight matching against N pairwise weight matchings of the same models, 
 
     python benchmarks/merge_many.py --models M1 M2 M3 M4 --data PATH --out DIR [--methods weight,learned,dual]
         [--steps 150] [--lr 5e-3] [--learned-steps N] [--learned-lr R] [--batch-size 16] [--train-batches 16] [--test-batches 8]
-        [--simplex-points 8] [--also-tol 0] [--memory] [--json F]
+        [--simplex-points 8] [--also-tol 0] [--memory] [--cost-only] [--json F]
 
 Two models of different widths (a width pair) are expanded into the wider one ("plain" is then the
 expanded narrow model averaged without alignment). Everything goes through the library calls the CLI
@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--also-tol", type=float, default=None, help="also a weight row with this --round-tol "
                     "(e.g. 0: every round up to --max-rounds), to see what the stop rule leaves")
     ap.add_argument("--memory", action="store_true", help="also the peak RSS of a pairwise and an N-model matching")
+    ap.add_argument("--cost-only", action="store_true", help="only the cost of the rounds against N pairwise "
+                    "matchings (no barrier rows, nothing written but the JSON)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -153,8 +155,8 @@ def main() -> None:
     test = load_batches(first, args.data, "test", args.batch_size, None, args.test_batches)
     data = registry.Data(load_batches(first, args.data, "train", args.batch_size, None, args.train_batches),
                          load_batches(first, args.data, "validation", args.batch_size, None, args.val_batches))
-    rows = {"plain": barrier_row(args.models, test, args.simplex_points)}
-    print("plain", json.dumps(rows["plain"]), flush=True)
+    rows = {} if args.cost_only else {"plain": barrier_row(args.models, test, args.simplex_points)}
+    print("plain", json.dumps(rows.get("plain")), flush=True)
     report = {"models": args.models, "data": args.data, "args": vars(args), "rows": rows, "runs": {}}
     opts = {"max_rounds": args.max_rounds, "round_tol": args.round_tol, "steps": args.steps, "lr": args.lr,
             "val_batches": args.val_batches, "eval_every": args.eval_every}
@@ -179,6 +181,9 @@ def main() -> None:
             per_sweep = pair["seconds"] / sum(pair["sweeps"])  # one pairwise sweep, streamed
             report["cost"]["ratio_per_sweep"] = [r / max(k, 1) / per_sweep for r, k in zip(rs, weight.figures["round_sweeps"])]
             print("cost", json.dumps(report["cost"]), flush=True)
+            report["runs"]["weight"] = {k: weight.figures[k] for k in ("objective", "rounds", "converged", "round_tol")}
+            if args.cost_only:
+                break
         own = {**opts, **({"steps": args.learned_steps or args.steps, "lr": args.learned_lr or args.lr}
                           if method == "learned" else {})}
         rep = merge_models(args.models, out / f"{method}-merged", method=method, aligned=out / f"{method}-aligned",
