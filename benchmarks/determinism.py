@@ -104,8 +104,23 @@ def compare(first: dict, other: dict) -> dict[str, list[str]]:
     return {s: sorted(f for f in first[s] if other[s].get(f) != first[s][f]) for s in first}
 
 
+def cpu() -> dict:
+    """The processor as /proc/cpuinfo names it: model, family/model/stepping, the vector and matrix
+    extensions (what selects MKL's and oneDNN's code paths), the logical CPUs; {} where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    first = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    first = {k.strip(): v.strip() for k, v in first.items()}
+    flags = sorted(f for f in first.get("flags", "").split() if f.startswith(("avx", "amx", "fma", "sse")))
+    return {"model_name": first.get("model name", ""), "family_model_stepping": "/".join(
+        first.get(k, "?") for k in ("cpu family", "model", "stepping")), "vector_flags": flags,
+        "logical_cpus": text.count("processor\t:")}
+
+
 def provenance() -> dict:
-    """The commit of the code that ran and the versions of what it ran on."""
+    """The commit of the code that ran, the versions of what it ran on, and the processor."""
     import platform
 
     import safetensors
@@ -116,7 +131,7 @@ def provenance() -> dict:
     commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"commit": commit, "torch": torch.__version__, "transformers": transformers.__version__,
             "safetensors": safetensors.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "python_executable": sys.executable}
+            "python_executable": sys.executable, "cpu": cpu()}
 
 
 def check(record_file: Path, root: Path, data: str) -> int:
@@ -125,6 +140,11 @@ def check(record_file: Path, root: Path, data: str) -> int:
     here = provenance()
     print(f"record: commit {record['commit'][:10]}, torch {record['torch']}, {record['python_executable']}")
     print(f"this run: commit {here['commit'][:10]}, torch {here['torch']}, {here['python_executable']}")
+    for name, c in (("record's CPU", record.get("cpu")), ("this CPU", here["cpu"])):
+        print(f"{name}: " + (f"{c['model_name']} ({c['family_model_stepping']}, {c['logical_cpus']} logical), "
+                             f"{' '.join(c['vector_flags'])}" if c else "not recorded"))
+    if record.get("cpu") and record["cpu"] != here["cpu"]:
+        print("another processor than the record's (model, extensions or count differ)")
     found = run_series(root / "0", None, in_fresh_process(record["threads"]), data, record["train_steps"],
                        record["learn_steps"])
     diff = compare(record["steps"], found)
