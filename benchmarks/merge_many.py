@@ -54,14 +54,15 @@ def barrier_row(paths, batches, simplex_points: int) -> dict:
     return out
 
 
-def pairwise_cost(paths) -> dict:
-    """N pairwise weight matchings (model i to model i+1, every default family, from the identity), streamed."""
+def pairwise_cost(paths, families: list[str] | None = None) -> dict:
+    """N pairwise weight matchings (model i to model i+1, `families` or every default family, from the identity),
+    streamed."""
     from symmerge.match.weight import weight_match
     from symmerge.merge_many import check_models
     from symmerge.model import LazyModel
 
     models, _ = check_models([LazyModel(p) for p in paths], [str(p) for p in paths])  # a width pair: expanded
-    fams = models[0].spec.default_families()
+    fams = families or models[0].spec.default_families()
     t0 = time.perf_counter()
     sweeps = []
     for i in range(len(models)):
@@ -136,6 +137,8 @@ def main() -> None:
     ap.add_argument("--also-tol", type=float, default=None, help="also a weight row with this --round-tol "
                     "(e.g. 0: every round up to --max-rounds), to see what the stop rule leaves")
     ap.add_argument("--memory", action="store_true", help="also the peak RSS of a pairwise and an N-model matching")
+    ap.add_argument("--families", default=None, help="comma-separated families for every method (default: the "
+                    "spec's default families)")
     ap.add_argument("--cost-only", action="store_true", help="only the cost of the rounds against N pairwise "
                     "matchings (no barrier rows, nothing written but the JSON)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -168,9 +171,9 @@ def main() -> None:
             from symmerge.model import LazyModel
 
             lazy, _ = check_models([LazyModel(p) for p in args.models], list(args.models))
-            fams = lazy[0].spec.default_families()
+            fams = args.families.split(",") if args.families else lazy[0].spec.default_families()
             weight = registry.align_many("weight", lazy, [1 / len(lazy)] * len(lazy), fams, opts=opts)
-            pair = pairwise_cost(args.models)
+            pair = pairwise_cost(args.models, fams)
             rs = weight.figures["round_seconds"]
             report["cost"] = {"pairwise_n_matchings_seconds": pair["seconds"], "pairwise_sweeps": pair["sweeps"],
                               "many_round_seconds": rs, "ratio_round1": rs[0] / pair["seconds"],
@@ -187,7 +190,8 @@ def main() -> None:
         own = {**opts, **({"steps": args.learned_steps or args.steps, "lr": args.learned_lr or args.lr}
                           if method == "learned" else {})}
         rep = merge_models(args.models, out / f"{method}-merged", method=method, aligned=out / f"{method}-aligned",
-                           force=True, opts=own, data=data, start=weight)
+                           families=args.families.split(",") if args.families else "default", force=True, opts=own,
+                           data=data, start=weight)
         aligned = [out / f"{method}-aligned" / str(i + 1) for i in range(len(args.models))]
         rows[method] = barrier_row(aligned, test, args.simplex_points)
         keep = ("objective", "rounds", "converged", "round_tol", "seconds", "round_seconds", "updates_not_kept",
