@@ -100,7 +100,7 @@ def test_zero_norm_weight_falls_back_to_canonical(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command,dtype", [("transform", torch.bfloat16), ("interpolate", torch.float16),
-                                           ("align", torch.float32)])
+                                           ("align", torch.float32), ("expand", torch.bfloat16)])
 def test_out_dtype(tmp_path, command, dtype):
     """--out-dtype writes the checkpoint in that dtype; the function agrees to that dtype's precision."""
     from symmerge.io import Checkpoint
@@ -110,7 +110,7 @@ def test_out_dtype(tmp_path, command, dtype):
     make_model("llama_untied", seed=1).save_pretrained(b)
     out, name = tmp_path / "out", str(dtype).replace("torch.", "")
     argv = {"transform": ["transform", str(a), "--seed", "3"], "interpolate": ["interpolate", str(a), str(a), "--lam", "0.5"],
-            "align": ["align", str(a), str(b)]}[command]
+            "align": ["align", str(a), str(b)], "expand": ["expand", str(a), "--like", str(a)]}[command]
     assert main([*argv, "-o", str(out), "--out-dtype", name]) == 0
     assert Checkpoint(out).dtype() == dtype
     source = b if command == "align" else a

@@ -309,10 +309,12 @@ def check_exported_shapes(model: ExpandedModel) -> None:
                                 f"{want[k]}: the two differ in more than widths")
 
 
-def expand_checkpoint(narrow_path, wide_path, out, force: bool = False, progress: bool = False):
+def expand_checkpoint(narrow_path, wide_path, out, force: bool = False, progress: bool = False,
+                      dtype: torch.dtype | None = None):
     """`symmerge expand NARROW --like WIDE -o OUT`: write NARROW in WIDE's config (its function unchanged).
 
-    Reads WIDE's config only; NARROW one block at a time. Returns (OUT, Expansion)."""
+    Reads WIDE's config only; NARROW one block at a time. `dtype`: of the written weights (default:
+    NARROW's storage dtype). Returns (OUT, Expansion)."""
     from .stream import write_streaming
 
     prepare_output(out, force, inputs=[narrow_path, wide_path])
@@ -329,7 +331,7 @@ def expand_checkpoint(narrow_path, wide_path, out, force: bool = False, progress
     check_exported_shapes(model)
     extra = {**narrow.meta, "expand": {"narrow": str(narrow_path), "like": str(wide_path),
                                         "writer_scale": e.writer_scale, "score_scale": e.score_scale}}
-    write_streaming(model, lambda part: part, out, force=force, extra=extra, progress=progress)
+    write_streaming(model, lambda part: part, out, force=force, extra=extra, progress=progress, dtype=dtype)
     return out, e
 
 

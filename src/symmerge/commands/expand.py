@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import out_dtype
+
 
 def register(sub) -> None:
     p = sub.add_parser("expand", help="write a narrow model as a checkpoint of a wider config (same function)")
@@ -10,13 +12,15 @@ def register(sub) -> None:
                    help="checkpoint folder (only its config.json is read) of the wide model's architecture and sizes")
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    out_dtype.add_argument(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from ..expand import expand_checkpoint
 
-    out, e = expand_checkpoint(args.narrow, args.like, args.out, force=args.force, progress=True)
+    out, e = expand_checkpoint(args.narrow, args.like, args.out, force=args.force, progress=True,
+                               dtype=out_dtype.resolve(args))
     n, w = e.narrow, e.wide
     print(f"wrote {out}: {n.hf_class} d_model {n.d_model} -> {w.d_model}, d_mlp {n.d_mlp} -> {w.d_mlp}, heads "
           f"{n.n_heads}x{n.d_head} -> {w.n_heads}x{w.d_head} (writer scale {e.writer_scale:.6g}, "
