@@ -96,10 +96,10 @@ def _demo_run() -> dict:
 
 def demo(root: Path) -> list[str]:
     """`symmerge demo` on a fresh folder: the barrier of each method, 3 decimals, in the README's column
-    order, and the run's CPU minutes (one thread: its wall time on an idle core)."""
+    order, and the run's CPU seconds (one thread: its wall time on an idle core)."""
     run = _demo_run()
     rows = {r["method"]: r["barrier"] for r in run["report"]["results"]}
-    return [f"{run['cpu_s'] / 60:.0f}"] + [f"{rows[m]:.3f}" for m in ("plain", "weight", "activation", "learned", "dual")]
+    return [f"{run['cpu_s']:.0f}"] + [f"{rows[m]:.3f}" for m in ("plain", "weight", "activation", "learned", "dual")]
 
 
 def demo_scale(root: Path) -> list[str]:
@@ -224,7 +224,7 @@ PM = " ± "
 FIGURES = {f.name: f for f in (
     Figure("widths", P("on the tiny ViTs above both give test loss {}, and the tests"), "test", widths,
            command="the README's 'Models of different widths' commands (train, expand, eval)"),
-    Figure("demo", P("`symmerge demo` on a fresh folder at 1 thread (`OMP_NUM_THREADS=1`; about {} CPU minutes;")
+    Figure("demo", P("`symmerge demo` on a fresh folder at 1 thread (`OMP_NUM_THREADS=1`; about {} CPU seconds;")
            + r"[^|]*\| " + r" \| ".join([NUM] * 5) + r" \|", "script", demo, command="symmerge demo -o DIR",
            tol=(TIME,) + (DIGITS,) * 5),
     Figure("demo-scale", P("which raised the barrier on the demo pair from {} to {}."), "script", demo_scale,
