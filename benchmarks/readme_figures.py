@@ -295,6 +295,11 @@ FIGURES = {f.name: f for f in (
            "benchmark", sources=(ROTARY,), command="benchmarks/rotary_study.py --rows weight-qkrope,dual-qkrope",
            recorded=("0.249", "0.449", "0.127", "0.229", "0.277", "0.345", "0.0310", "0.0535", "0.027", "0.022",
                      "0.0940", "0.1087")),
+    Figure("rotary-factor", P("NeoX with RoPE on every head dimension gives dual / plain {} against {} with 25% rotary, "
+                              "as high as Llama's, and Llama with full heads instead of GQA {}; a three times higher "
+                              "rate leaves Llama at {}. So on these pairs full-head RoPE costs dual matching about {} "
+                              "of plain averaging against GPT-2's {},"), "benchmark", sources=(ROTARY,),
+           command="benchmarks/rotary_study.py --pairs neox-rot100,llama-mha; --lr-dual 0.015"),
     # --- many models
     Figure("many", P("falls from plain averaging's {} to {} (weight), {} (learned) and {} ± {} (dual, 6000 steps) "
                      "on MNIST ViTs; from {} to {}, {} and {} on Tiny Shakespeare character GPT-2s; from {} to {}, {} "
