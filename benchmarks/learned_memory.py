@@ -22,6 +22,11 @@ peak of the whole command (`--cli-args` adds or overrides flags).
 
     PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b \
         --cli ../shared/data/tinyshakespeare.txt
+
+`--phases` (with `--cli`) runs the same command in-process instead, with each phase of it wrapped (loading,
+weight matching, the learner's build, the plan, the run, writing each output, checking each output): the
+resident high-water mark (`VmHWM`, reset through `/proc/self/clear_refs`) is logged per phase, so the phase
+that sets the command's peak is named (`PHASES`).
 """
 
 from __future__ import annotations
@@ -102,8 +107,9 @@ def child(a: str, b: str, method: str, dtype: str, batch: int, seq: int, recompu
                       "build_s": round(t1 - t0, 1), "step_s": round(time.perf_counter() - t1, 1)}), flush=True)
 
 
-def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str]) -> dict:
-    """`symmerge align A B --method dual` under /usr/bin/time -v; {"peak": bytes, "wall_s", "line"}."""
+def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str], phases: bool = False) -> dict:
+    """`symmerge align A B --method dual` under /usr/bin/time -v; {"peak": bytes, "wall_s", "line"}; `phases`:
+    in a child that logs each phase's peak (`phase_child`), {"phases": [...]} too."""
     import shutil
     import tempfile
 
@@ -117,14 +123,98 @@ def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str]) -> d
            "--method", "dual", "--data", text, "--recipe", "quick", "--steps", "1", "--batch-size", "1",
            "--seq-len", str(seq), "--max-batches", "1", "--val-batches", "1", "--val-points", "3", "--eval-every", "1",
            "--max-iters", "1", "--precision", "float32", "--cost-products", "bfloat16", *extra]
+    if phases:
+        cmd[3:5] = [str(Path(__file__).resolve()), "--phase-child"]
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
     if proc.returncode != 0:
         sys.exit(f"the command failed:\n{' '.join(cmd)}\n{proc.stderr[-3000:]}")
     stats = dict(line.strip().split(": ", 1) for line in proc.stderr.splitlines() if ": " in line and line.startswith("\t"))
     wall = stats["Elapsed (wall clock) time (h:mm:ss or m:ss)"].split(":")
-    return {"peak": int(stats["Maximum resident set size (kbytes)"]) * 1024, "line": proc.stdout.strip().splitlines()[-1],
+    lines = proc.stdout.strip().splitlines()
+    logged = json.loads(lines.pop()) if phases else {}
+    return {"peak": int(stats["Maximum resident set size (kbytes)"]) * 1024, "line": lines[-1], **logged,
             "wall_s": round(sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall))), 1), "cmd": " ".join(cmd)}
+
+
+#: (module, attribute, label) of the command's phases that `--phases` wraps
+PHASES = [
+    ("symmerge.commands.align", "_data", "data"),
+    ("symmerge.commands.align", "_load_pair", "open checkpoints"),
+    ("symmerge.match.registry", "weight_match", "weight matching"),
+    ("symmerge.match.learned", "Learner", "learner build"),
+    ("symmerge.match.learned", "make_plan", "plan (validation size, lr)"),
+    ("symmerge.match.learn_loop", "Run.go", "run (steps, validation)"),
+    ("symmerge.match.learned", "best_se", "best state's s.e."),
+    ("symmerge.match.outputs", "_write", "write"),
+    ("symmerge.match.outputs", "logit_gap", "check"),
+]
+
+
+def _status(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+class PhaseLog:
+    """Peak RSS per phase: on entering a phase the high-water mark so far is folded into the open phases'
+    peaks and reset (writing 5 to /proc/self/clear_refs), so each phase's peak is its own."""
+
+    def __init__(self):
+        self.stack: list[list] = []
+        self.rows: list[dict] = []
+        self.top = 0
+
+    def _fold(self) -> int:
+        hwm = _status("VmHWM")
+        self.top = max(self.top, hwm)
+        for entry in self.stack:
+            entry[1] = max(entry[1], hwm)
+        return hwm
+
+    def _reset(self) -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+    def wrap(self, fn, label: str):
+        import functools
+
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            self._fold()
+            self._reset()
+            name = label + (f" {Path(str(args[2])).name}" if label == "write" else "")
+            self.stack.append([name, 0, _status("VmRSS"), time.perf_counter()])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._fold()
+                name, peak, before, t0 = self.stack.pop()
+                row = {"phase": name, "depth": len(self.stack), "rss_before": before, "peak": peak,
+                       "rss_after": _status("VmRSS"), "s": round(time.perf_counter() - t0, 1)}
+                self.rows.append(row)
+                print("[phase] " + json.dumps(row), file=sys.stderr, flush=True)
+        return inner
+
+
+def phase_child(argv: list[str]) -> None:
+    """`symmerge` with `argv` in this process, every phase of `PHASES` wrapped by a `PhaseLog`."""
+    import importlib
+
+    from symmerge.cli import main as symmerge_main
+
+    log = PhaseLog()
+    for module, attr, label in PHASES:
+        owner = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for p in path:
+            owner = getattr(owner, p)
+        setattr(owner, name, log.wrap(getattr(owner, name), label))
+    rc = symmerge_main(argv)
+    log._fold()
+    print(json.dumps({"rc": rc, "peak": log.top, "phases": log.rows}), flush=True)
 
 
 def file_bytes(folder: Path) -> int:
@@ -143,8 +233,12 @@ def main() -> None:
     ap.add_argument("--recompute", default="block", help="block | weights | none (LearnConfig.recompute)")
     ap.add_argument("--cli", default=None, metavar="TEXT", help="measure `symmerge align --method dual --data TEXT` instead")
     ap.add_argument("--cli-args", default="", help="--cli: more flags for the command (space-separated)")
+    ap.add_argument("--phases", action="store_true", help="--cli: log the peak RSS of each phase of the command")
+    ap.add_argument("--phase-child", nargs=argparse.REMAINDER, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.phase_child is not None:
+        return phase_child(args.phase_child)
     if args.child:
         return child(*args.child, args.method, args.dtype, args.batch, args.seq, args.recompute)
     config = config_for(args.shape, args.layers)
@@ -152,8 +246,12 @@ def main() -> None:
     a, b = (write_random(Path(args.root) / f"{name}-{s}", config, s) for s in (0, 1))
     if args.cli:
         ends = file_bytes(a) + file_bytes(b)
-        r = cli(a, b, str(Path(args.cli).resolve()), args.seq, Path(args.root) / f"{name}-cli-out", args.cli_args.split())
+        r = cli(a, b, str(Path(args.cli).resolve()), args.seq, Path(args.root) / f"{name}-cli-out", args.cli_args.split(),
+                args.phases)
         target = 1.3 * ends + GIB
+        for row in r.get("phases", []):
+            print(f"{'  ' * row['depth']}{row['phase']:<30} RSS before {row['rss_before'] / GIB:6.2f}  peak "
+                  f"{row['peak'] / GIB:6.2f}  after {row['rss_after'] / GIB:6.2f} GiB  {row['s']:7.1f} s")
         print(f"{r['cmd']}\n{r['line']}\n{name}: endpoints {ends / GIB:.2f} GiB; the command's maximum RSS "
               f"{r['peak'] / GIB:.2f} GiB (target {target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'MISSED'}); "
               f"wall {r['wall_s']} s")
