@@ -83,6 +83,43 @@ def test_dual_gradients_at_the_start_are_the_one_sided_gradient_twice(pair, para
     other = grads("learned", 0.7)
     assert any(not torch.allclose(other[k], single[k], rtol=1e-3, atol=1e-8) for k in b_keys)
 
+def test_dual_learner_runs_the_relative_path_with_the_two_sided_loss_and_gradients(pair, monkeypatch):
+    """Dual matching runs the path as (1 - lam)·A + lam·(gA^-1 gB)·B (`Learner.relative`: A's tensors are not
+    transformed), which is gA^-1 of the two-sided path (1 - lam)·gA·A + lam·gB·B: away from the identity (random
+    group parameters on both sides), float64, the loss and every group parameter's gradient equal the two-sided
+    path's to 1e-9 relative. Negative control: the relative element without gA^-1 (gB alone) changes the loss."""
+    from symmerge import groups as G
+
+    a, b = pair
+    init = random_element(b.spec, torch.Generator().manual_seed(8), CONTINUOUS)
+    learner = Learner(a, b, LearnConfig(method="dual", groups=CONTINUOUS, dtype="float64"), init)
+    assert learner.relative
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for t in learner.trainables().values():
+            t.add_(0.05 * torch.randn(t.shape, generator=gen, dtype=t.dtype))
+    batch = lm_batches(1, 4)[0]
+
+    def run():
+        params = learner.trainables()
+        for t in params.values():
+            t.grad = None
+        loss = learner.loss(batch, 0.4)
+        loss.backward()
+        return float(loss), {k: None if t.grad is None else t.grad.clone() for k, t in params.items()}
+
+    relative = run()
+    learner.relative = False
+    two_sided = run()
+    assert relative[0] == pytest.approx(two_sided[0], rel=1e-9)
+    for k, g in two_sided[1].items():
+        assert float(g.abs().max()) > 0, k
+        assert float((relative[1][k] - g).abs().max()) <= 1e-9 * float(g.abs().max()), k
+    learner.relative = True
+    monkeypatch.setattr(G, "inverse", lambda group, g: G.identity(group))
+    assert abs(run()[0] - two_sided[0]) > 1e-6
+
+
 def test_cli_dual_align_on_real_text(tmp_path, capsys):
     """`symmerge align --method dual` end to end on Tiny Shakespeare characters: OUT/A and OUT/B load
     with stock `from_pretrained` and compute A's and B's logits (1e-4; negative control: B's logits

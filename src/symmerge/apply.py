@@ -71,6 +71,8 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
             f"group {group.name} of size {group.size} and batch {group.batch} cannot act on axes {lead} "
             f"of a tensor of shape {tuple(t.shape)}"
         )
+    if kind.matrix and not isinstance(m, StraightThrough) and action.batch_axes == tuple(range(nb)):
+        return kind.act_in_place(m, t, nb, action.axis)  # no copy of t, the result in t's layout
     if isinstance(m, StraightThrough):
         flat = x.reshape(*x.shape[: nb + 1], -1)
         y = _StraightThroughPermute.apply(m.latent, m.index, flat).reshape(x.shape)

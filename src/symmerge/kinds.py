@@ -96,6 +96,7 @@ class Kind:
     straight_through = False  # discrete, and learned by a straight-through estimator (permutations)
     index_vector = False  # elements are int64 index vectors (permutations), not matrices
     acts_on_axis = True  # False: one number that scales the whole tensor
+    matrix = True  # elements act as matrices (`act_leading` and `act_in_place` are matrix products)
     positive = False  # scales restricted to positive values
     solver = ""  # the weight-matching solver (match/solvers.py) that finds the best element given the others
     param_form: str | None = None  # learned matching's parameterisation form (match/parametrize.py)
@@ -119,6 +120,21 @@ class Kind:
         flat = x.reshape(*x.shape[: nb + 1], -1)  # (*batch, n, prod(rest))
         return (m.to(x.dtype) @ flat).reshape(x.shape)
 
+    def act_in_place(self, m: torch.Tensor, x: torch.Tensor, nb: int, axis: int) -> torch.Tensor:
+        """`m` applied along `axis` of `x`, whose first `nb` axes are the batch axes (`axis` >= nb), by one matrix
+        product on `x` as it lies: the result is contiguous in `x`'s own axis order. Moving the axis to the front
+        (`act_leading`) copied a contiguous `x` whose axis is not the first, and gave back a strided view that
+        every later elementwise pass (interpolation, casts) walked slowly: the residual rotation of every reader
+        (its last axis) and of a per-head output map (a middle one). The same numbers (one dot product of length
+        n per entry)."""
+        m = m.to(x.dtype)
+        batch, n = x.shape[:nb], x.shape[axis]
+        before = math.prod(x.shape[nb:axis])
+        if axis == x.dim() - 1:  # rows of x times m^T
+            return (x.reshape(*batch, before, n) @ m.transpose(-1, -2)).reshape(x.shape)
+        after = math.prod(x.shape[axis + 1:])
+        return (m.unsqueeze(-3) @ x.reshape(*batch, before, n, after)).reshape(x.shape)
+
     def dimension(self, group) -> int:
         """Dimension of the group as a manifold (0 for discrete groups)."""
         return 0 if self.discrete else group.size * group.size * math.prod(group.batch)
@@ -136,6 +152,7 @@ class Kind:
 
 class Permutation(Kind):
     name, discrete, straight_through, index_vector, solver = "permutation", True, True, True, "assignment"
+    matrix = False
 
     def element_shape(self, group):
         return (*group.batch, group.size)
@@ -330,6 +347,7 @@ class Diagonal(Kind):
 
     name, solver = "diagonal", "best_scale"
     param_form, admits, default_param = "diagonal", ("log",), "log"
+    matrix = False
 
     def __init__(self, positive: bool = False):
         self.positive = positive

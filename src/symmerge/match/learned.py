@@ -15,6 +15,8 @@ the interpolated model, with every model weight frozen.
   (gA^-1 gB)·B'): dual matching reaches exactly the paths one-sided matching with permutations fixed
   reaches. At the identity start its two sides get opposite copies of the one-sided gradient, so at
   learning rate lr the relative element gA^-1 gB first moves like one-sided learning's at 2 lr (tested).
+  The learner runs the loss on that one-sided form, (1 - lam)·A + lam·(gA^-1 gB)·B, with gradients to both
+  sides through gA^-1 gB (`Learner.moves`; not with a learned residual scale): A's tensors are not transformed.
 
 Loss: the stock HF loss of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), run block by block
 (`blockwise.py`: endpoints frozen in their checkpoint's dtype, each block's weights materialised in

@@ -13,7 +13,6 @@ from scipy.optimize import linear_sum_assignment
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import Prepared, StraightThrough, apply
-from ..evaluate import interpolate
 from ..merge import check_compatible
 from ..model import part_keys, part_of
 from ..spec import SCALE, Spec, compose, identity_element
@@ -86,6 +85,15 @@ def prepare(spec: Spec, g: dict, fixed_groups, identity: dict, dtype, device) ->
     return out
 
 
+def mix(a: dict, b: dict, lam) -> dict:
+    """(1 - lam)·a + lam·b tensor by tensor, each in one pass (`torch.lerp`: one new tensor and one rounding, where
+    the sum made three tensors, each a fresh mapping the kernel zeroes, and rounded three times in 16 bits); exact
+    a's or b's values at lam 0 and 1 where both are finite. A 0-dim value equal on both sides (the canonical
+    `norm.eps`) is kept as it is, as `evaluate.interpolate` keeps it."""
+    w = float(lam)
+    return {k: a[k] if a[k].dim() == 0 and torch.equal(a[k], b[k]) else torch.lerp(a[k], b[k], w) for k in a}
+
+
 def eps_scale(spec: Spec, eps0: float, eps: list, scales: list, weights: list, dtype, device):
     """The residual scale c = sqrt(eps0 / eps) that brings the mixture's eps (each model's `eps` moved by its
     element's residual scale, None for none, then mixed with `weights`) to the forward's config eps `eps0`
@@ -147,6 +155,8 @@ class Learner:
         eps = self.frozen["A"].part("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
         self.rescale = self.eps0 is not None and SCALE in self.spec.groups
+        #: dual without a learned residual scale: the path is run as (1 - lam)·A + lam·(gA^-1 gB)·B (`moves`)
+        self.relative = self.dual and all(s.group != SCALE for s in self.slots)
         self.lazy = self._lazy_groups()
 
     def _make_slots(self, cont, ste, methods) -> list[Slot]:
@@ -207,6 +217,23 @@ class Learner:
         lazy = {s.group for s in self.slots if s.param is not None and s.group not in ends}
         return lazy, {key: groups & lazy for key, groups in acting.items() if groups & lazy}
 
+    def moves(self, hard: bool, only=None, skip=()) -> dict[str, dict]:
+        """{side: the element that moves that side's frozen tensors on the path} (`element`'s arguments).
+
+        One-sided: {"B": g}. Dual: {"A": gA, "B": gB}, or, where `relative`, {"B": gA^-1 gB} alone: gA is a symmetry
+        of the model, so (1 - lam)·gA·A + lam·gB·B computes the function of gA^-1 of it, (1 - lam)·A + lam·(gA^-1 gB)·B,
+        whose loss and gradients (through gA^-1 gB) are the same, and A's tensors need no transforming: half the
+        weights acted on, in the forward, its recomputation and the backward. Not with a learned residual scale
+        (it moves eps, which the mixture's config eps is then brought back to: `eps_scale`). The groups act on
+        different axes of every tensor (the permutations, which re-index maps, stay fixed in dual matching), so
+        gA^-1 gB is taken group by group, in float64."""
+        if not self.relative:
+            return {side: self.element(side, hard, only, skip) for side in self.base}
+        ga, gb = self.element("A", hard, only, skip), self.element("B", hard, only, skip)
+        learned = {s.group for s in self.slots}
+        groups = self.spec.groups
+        return {"B": {n: G.compose(groups[n], G.inverse(groups[n], ga[n]), t) if n in learned else t for n, t in gb.items()}}
+
     def prepared(self, g: dict) -> dict:
         return prepare(self.spec, g, self.fixed_groups, self.identity, self.forward.dtype, self.forward.device)
 
@@ -221,25 +248,24 @@ class Learner:
 
     def path(self, lam, hard: bool) -> PartFn:
         """Canonical tensors of one part of (1 - lam)·gA·A + lam·gB·B in the forward's dtype (gA: the identity for
-        one-sided learning), for `BlockwiseForward`, each part acted on when asked. The elements of the groups
-        acting on the ends (the residual ones) and the permutations are built once; the continuous maps of one
-        block (QK, OV, GLU scales) inside that block's part (`_lazy_groups`)."""
+        one-sided learning; dual: run as (1 - lam)·A + lam·(gA^-1 gB)·B where `relative`, see `moves`), for
+        `BlockwiseForward`, each part acted on when asked. The elements of the groups acting on the ends (the
+        residual ones) and the permutations are built once; the continuous maps of one block (QK, OV, GLU scales)
+        inside that block's part (`_lazy_groups`)."""
         lazy, per_part = self.lazy
-        raw = {side: self.element(side, hard, skip=lazy) for side in self.base}
+        raw = self.moves(hard, skip=lazy)
         prepared = {side: self.prepared({n: t for n, t in g.items() if n not in lazy}) for side, g in raw.items()}
         scale = self._eps_scale(raw, lam)
         dt = self.forward.dtype
 
         def part(key, rows: dict | None = None) -> dict:
             moved = {}
+            block = self.moves(hard, only=per_part[key]) if key in per_part else {}
             for side in ("A", "B"):
                 tensors = select(self.frozen[side].part(key), rows, dt)
-                if side in prepared and key in per_part:
-                    g = {**prepared[side], **self.prepared(self.element(side, hard, only=per_part[key]))}
-                else:
-                    g = prepared.get(side)
+                g = {**prepared[side], **self.prepared(block[side])} if side in block else prepared.get(side)
                 moved[side] = apply(self.spec, g, tensors) if g is not None else tensors
-            mixed = interpolate(moved["A"], moved["B"], lam)
+            mixed = mix(moved["A"], moved["B"], lam)
             return mixed if scale is None else apply(self.spec, {SCALE: scale}, mixed)
 
         return part
