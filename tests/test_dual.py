@@ -120,6 +120,21 @@ def test_dual_learner_runs_the_relative_path_with_the_two_sided_loss_and_gradien
     assert abs(run()[0] - two_sided[0]) > 1e-6
 
 
+def test_learn_releases_the_freed_heap_before_building_the_learner(pair, monkeypatch):
+    """The heap freed before the frozen stores are kept (data, the weight-matching start) goes back to the OS
+    first (`blockwise.release_freed_heap`), so it does not stay resident under them for the whole run (the order of
+    the two calls is recorded: a release after the build, or none, fails)."""
+    import symmerge.match.learned as L
+
+    order = []
+    monkeypatch.setattr(L, "release_freed_heap", lambda: order.append("release"))
+    real = L.Learner
+    monkeypatch.setattr(L, "Learner", lambda *a, **k: order.append("learner") or real(*a, **k))
+    a, b = pair
+    learn(a, b, lm_batches(1, 0), lm_batches(1, 1), quick(method="dual", steps=1, eval_every=1))
+    assert order[:2] == ["release", "learner"]
+
+
 def test_cli_dual_align_on_real_text(tmp_path, capsys):
     """`symmerge align --method dual` end to end on Tiny Shakespeare characters: OUT/A and OUT/B load
     with stock `from_pretrained` and compute A's and B's logits (1e-4; negative control: B's logits

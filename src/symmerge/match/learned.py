@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from .. import SymmergeError, distributed
 from ..model import Model
+from .blockwise import release_freed_heap
 from .learn_config import LearnConfig
 from .learn_loop import Result, Run
 from .learn_plan import make_plan, resolved
@@ -70,6 +71,7 @@ def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConf
     group.agree(lambda: group.check_data(train, val))
     if init is not None:
         init = group.broadcast(init)
+    release_freed_heap()  # what the data and the weight-matching start freed, before the frozen stores are kept
     learner = Learner(a, b, cfg, init)
     saved = load_plan(checkpoint) if resume and checkpoint is not None else None
     plan = make_plan(learner, train, val, cfg, saved)
