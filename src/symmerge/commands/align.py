@@ -248,7 +248,7 @@ def _checked(args, matcher):
         raise SymmergeError(f"--method {args.method} needs --data PATH (a data set to run both models on)")
     if args.max_iters < 1:
         raise SymmergeError(f"--max-iters must be at least 1, got {args.max_iters}")
-    check_report_file(args.json, "--json")
+    check_report_file(args.json, "--json", [args.out])
     families = default_families(args)
     registry.check(matcher.name, families, opts)
     return place, opts, families

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import devices
-from .checks import at_least, check_report_file
+from .checks import at_least, check_report_file, seed
 
 
 def add_data_args(p, split_default: str = "test") -> None:
@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--weights", default=None, help="n > 2: w1,...,wn of the average (default: uniform)")
     p.add_argument("--simplex-points", type=at_least(1), default=None, help="n > 2: Dirichlet points of the simplex "
                    "(default: 16)")
-    p.add_argument("--seed", type=int, default=None, help="n > 2: seed of the Dirichlet points (default: 0)")
+    p.add_argument("--seed", type=seed, default=None, help="n > 2: seed of the Dirichlet points (default: 0)")
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG plot of the curves (n = 3: the loss over the triangle)")
     devices.add_arguments(p)

@@ -49,6 +49,21 @@ def at_least(low: float, kind=int):
     return parse
 
 
+SEED_MAX = 2**32 - 1  # what every generator symmerge seeds accepts, and its derived seeds stay in range
+
+
+def seed(text: str) -> int:
+    """A seed: a whole number in [0, 2**32 - 1] (torch and numpy refuse negative or huge seeds only later,
+    after data and models are read)."""
+    try:
+        x = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= x <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is not a seed: give a whole number from 0 to {SEED_MAX}")
+    return x
+
+
 def argument_type(parse):
     """`parse` (text -> value, raising SymmergeError on bad text) as an argparse type: argparse reports
     only its own error types as a usage error, anything else would escape as a traceback."""
@@ -63,11 +78,15 @@ def argument_type(parse):
     return wrapped
 
 
-def check_report_file(path: str | None, flag: str) -> None:
-    """Refuse, before any work, a report path that names a folder or lies in a missing folder."""
+def check_report_file(path: str | None, flag: str, outputs=()) -> None:
+    """Refuse, before any work, a report path that names a folder, lies in a missing folder, or is one of
+    the folders the command writes (`outputs`: OUT, --aligned; they do not exist yet when checked)."""
     if path is None:
         return
     p = Path(path)
+    for out in outputs:
+        if out is not None and p.absolute() == Path(out).absolute():
+            raise SymmergeError(f"{flag} {path} is the output folder; give a file beside it, e.g. {p}.json")
     if p.is_dir():
         raise SymmergeError(f"{flag} {path} is a folder; give a file name, e.g. {p / 'report.json'}")
     if not p.absolute().parent.is_dir():

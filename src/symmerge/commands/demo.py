@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+
 from .. import devices
-from .checks import at_least
+from .checks import at_least, seed
 
 
 def register(sub) -> None:
@@ -30,9 +32,9 @@ def run(args) -> int:
 
     place = devices.resolve(args)
     try:
-        seeds = tuple(int(s) for s in args.seeds.split(","))
-    except ValueError:
-        raise SymmergeError(f"--seeds {args.seeds!r}: give two integers, e.g. 0,1") from None
+        seeds = tuple(seed(s) for s in args.seeds.split(","))
+    except argparse.ArgumentTypeError as e:
+        raise SymmergeError(f"--seeds {args.seeds!r}: {e}; give two, e.g. 0,1") from None
     if len(seeds) != 2 or seeds[0] == seeds[1]:
         raise SymmergeError(f"--seeds {args.seeds!r}: give two different integers, e.g. 0,1")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())

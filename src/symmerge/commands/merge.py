@@ -64,7 +64,7 @@ def run(args) -> int:
     from ..merge_many import merge_models, parse_weights
     from ..report import write
 
-    check_report_file(args.json, "--json")
+    check_report_file(args.json, "--json", [args.out, args.aligned])
     matcher = registry.get(args.method)
     place = devices.resolve(args)
     if not matcher.forward and (args.device or args.dtype):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import devices
 from ..presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
-from .checks import at_least, positive_float
+from .checks import at_least, positive_float, seed
 
 
 def _on_off(text: str) -> bool:
@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--arch", required=True, choices=ARCHS, help="architecture")
     p.add_argument("--preset", default="tiny", help="model/optimiser preset: tiny (seconds) or small (the papers' size)")
     p.add_argument("--data", required=True, help="a .txt file (language models); an IDX folder, mnist.pkl.gz or 'digits' (vit)")
-    p.add_argument("--seed", type=int, default=0, help="fixes the initialisation and the data order")
+    p.add_argument("--seed", type=seed, default=0, help="fixes the initialisation and the data order")
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force/--resume)")
     p.add_argument("--tokenizer", default="char", choices=("char", "bpe", "gpt2"), help="tokenizer built into the model folder")
     p.add_argument("--gpt2-bpe", default=None, metavar="DIR", help="folder with GPT-2's encoder.json and vocab.bpe (--tokenizer gpt2)")

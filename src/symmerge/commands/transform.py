@@ -6,14 +6,14 @@ import torch
 
 from ..spec import FAMILIES
 from . import out_dtype
-from .checks import at_least
+from .checks import at_least, seed
 
 
 def register(sub) -> None:
     p = sub.add_parser("transform", help="apply a random symmetry; the output computes the same function")
     p.add_argument("model", help="Hugging Face checkpoint folder (never modified)")
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random group element")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random group element")
     p.add_argument("--groups", default=None, help=f"comma-separated families (default: all): {','.join(FAMILIES)}")
     p.add_argument("--spread", type=at_least(1.0, float), default=2.0,
                    help="scales and singular values drawn in [1/s, s] (s >= 1)")

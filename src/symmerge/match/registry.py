@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from .. import SymmergeError
-from ..commands.checks import argument_type, at_least
+from ..commands.checks import argument_type, at_least, seed
 from ..model import Model
 from .blockwise import RECOMPUTE
 from .learn_config import (
@@ -146,7 +146,7 @@ OPTIONS = {o.name: o for o in (
     Option("lam_sampling", _learn_default("lam_sampling"), "uniform λ draws, or peak: half the draws near the "
            "validation grid points where the path stands highest above the straight line (for the bump uniform "
            "draws leave)", choices=LAM_SAMPLING),
-    Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", int),
+    Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", seed),
     Option("eval_every", FromRecipe("eval_every"), f"steps between validation barriers (none: {EVALUATIONS} in the run)",
            at_least(1)),
     Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
@@ -259,7 +259,7 @@ MANY_OPTIONS = {o.name: o for o in (
     Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", at_least(1)),
     Option("round_tol", _many_signature_default("tol"), "weight/activation rounds stop after one that improves the "
            "objective by at most this much, relative (the report's 'converged')", at_least(0.0, float)),
-    Option("order_seed", 0, "seed of the order the models are visited in, each round", int),
+    Option("order_seed", 0, "seed of the order the models are visited in, each round", seed),
     Option("val_simplex_points", 4, "learned/dual: Dirichlet points of the validation objective, besides the merge "
            "weights", at_least(1)),
 )}
