@@ -118,6 +118,12 @@ CASES = [
     # report files
     ("barrier-plot-missing-folder", lambda c, o: _barrier(c, "--plot", str(c["root"] / "nowhere" / "p.png")), "does not exist"),
     ("barrier-json-missing-folder", lambda c, o: _barrier(c, "--json", str(c["root"] / "nowhere" / "r.json")), "does not exist"),
+    ("barrier-plot-unknown-type", lambda c, o: _barrier(c, "--plot", str(c["root"] / "p.txt")), "matplotlib cannot write .txt"),
+    ("barrier-plot-no-suffix", lambda c, o: _barrier(c, "--plot", str(c["root"] / "plot")), "without a suffix"),
+    ("barrier-plot-is-the-json", lambda c, o: _barrier(c, "--plot", str(c["root"] / "r.png"), "--json",
+                                                        str(c["root"] / "r.png")), "both name"),
+    ("barrier3-plot-unknown-type", lambda c, o: _barrier3(c, "--plot", str(c["root"] / "p.json")), "matplotlib cannot write"),
+    ("out-in-proc", lambda c, o: ["transform", _p(c, "a"), "-o", "/proc/symmerge-out"], "cannot write"),
     ("barrier-json-is-a-folder", lambda c, o: _barrier(c, "--json", _p(c, "root")), "is a folder"),
     ("eval-json-missing-folder", lambda c, o: _eval(c, "--json", str(c["root"] / "nowhere" / "r.json")), "does not exist"),
     ("eval-json-is-a-folder", lambda c, o: _eval(c, "--json", _p(c, "root")), "is a folder"),
@@ -219,6 +225,7 @@ CASES = [
     # numbers: NaN, inf, negative, zero, text
     ("transform-spread-0", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--spread", "0"], "at least 1"),
     ("transform-spread-negative", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--spread", "-2"], "at least 1"),
+    ("transform-spread-above-cap", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--spread", "1e30"], "at most 100"),
     ("transform-spread-nan", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--spread", "nan"], FINITE),
     ("transform-spread-inf", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--spread", "inf"], FINITE),
     ("transform-seed-not-an-integer", lambda c, o: ["transform", _p(c, "a"), "-o", o, "--seed", "1.5"], "is not a whole number"),

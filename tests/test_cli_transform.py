@@ -12,7 +12,7 @@ import torch
 import transformers as T
 from safetensors.torch import load_file, save_file
 
-from checks import assert_same_function, precision
+from checks import assert_different_function, assert_same_function, precision
 from factories import logits
 from symmerge.cli import main
 
@@ -201,3 +201,30 @@ def test_unsupported_and_symmetry_breaking(tmp_path, capsys):
     opt.config.architectures = ["OPTForCausalLM"]
     opt.save_pretrained(tmp_path / "opt")
     _expect_error(["inspect", str(tmp_path / "opt")], capsys, "supported: GPT2LMHeadModel", out)
+
+
+def test_the_largest_spread_still_preserves_the_function(trained, tmp_path):
+    """--spread is capped where a float32 output still computes its input's function; past the cap (the
+    library call the CLI refuses) it does not: the cap is where the conditioning breaks, not arbitrary."""
+    from symmerge.apply import apply
+    from symmerge.commands.transform import SPREAD_MAX
+    from symmerge.model import load_model, save_model
+    from symmerge.spec import random_element
+
+    src, batch = trained["llama_gqa_tied"]
+    cls = T.LlamaForCausalLM
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    ref_model = cls.from_pretrained(src).eval()
+    ref = logits(ref_model, inputs)
+    out = tmp_path / "out"
+    assert main(["transform", str(src), "-o", str(out), "--spread", f"{SPREAD_MAX:g}"]) == 0
+    assert_same_function(cls.from_pretrained(out).eval(), ref, inputs, dtype=precision(ref_model), ulps=1e3,
+                         what=f"transformed at --spread {SPREAD_MAX:g}")
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        main(["transform", str(src), "-o", str(tmp_path / "no"), "--spread", f"{SPREAD_MAX * 1.01:g}"])
+    assert refused.value.code == 2 and not (tmp_path / "no").exists()
+    m = load_model(src)  # negative control: 1e4 x the cap, through the library
+    save_model(m, apply(m.spec, random_element(m.spec, torch.Generator().manual_seed(0), None, SPREAD_MAX * 1e4),
+                        m.params), tmp_path / "far")
+    assert_different_function(cls.from_pretrained(tmp_path / "far").eval(), ref, inputs, dtype=precision(ref_model),
+                              factor=10, what="transformed far past the cap")

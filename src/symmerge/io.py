@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -142,10 +143,21 @@ def prepare_output(out: str | os.PathLike, force: bool, inputs=()) -> Path:
         raise SymmergeError(f"cannot create {out}: {ancestor} is a file, not a folder; choose another output folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise SymmergeError(f"cannot write {out}: no write permission in {ancestor}; choose another output folder")
+    _probe(out, ancestor)
     clean_stale(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise SymmergeError(f"{out} exists and is not empty; choose another folder or pass --force to replace it")
     return out
+
+
+def _probe(out: Path, ancestor: Path) -> None:
+    """Create and remove an empty folder in `ancestor`: what the permission bits do not tell (root, a read-only
+    mount, /proc or /sys) is found before any work, not when the first temporary folder is made."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=ancestor))
+    except OSError as e:
+        raise SymmergeError(f"cannot write {out}: {ancestor} takes no new folders ({e.strerror}); "
+                            "choose another output folder") from None
 
 
 def _refuse_overlap(out: Path, src: Path, force: bool) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import devices
-from .checks import at_least, check_report_file, seed
+from .checks import at_least, check_plot_file, check_report_file, seed
 
 
 def add_data_args(p, split_default: str = "test") -> None:
@@ -57,7 +57,7 @@ def run(args) -> int:
         raise SymmergeError("--weights, --simplex-points and --seed are for three or more models")
     args.a, args.b = args.models
     check_report_file(args.json, "--json")
-    check_report_file(args.plot, "--plot")
+    check_plot_file(args.plot, args.json)
     a, b = load_model(args.a), load_model(args.b)
     a, b = widest(a, b)  # mixed widths: the narrower expanded into the wider
     batches = load_batches(args.a, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)

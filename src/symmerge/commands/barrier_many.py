@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import SymmergeError
-from .checks import check_report_file
+from .checks import check_plot_file, check_report_file
 
 
 def check(args) -> list[float]:
@@ -19,7 +19,7 @@ def check(args) -> list[float]:
     if args.plot and n != 3:
         raise SymmergeError(f"--plot draws the triangle of three models; got {n}")
     check_report_file(args.json, "--json")
-    check_report_file(args.plot, "--plot")
+    check_plot_file(args.plot, args.json)
     return weights
 
 

@@ -33,8 +33,9 @@ def positive_float(text: str) -> float:
     return x
 
 
-def at_least(low: float, kind=int):
-    """An argparse type for a finite number (`kind`: int or float) of at least `low`."""
+def at_least(low: float, kind=int, high: float | None = None, why: str = ""):
+    """An argparse type for a finite number (`kind`: int or float) of at least `low` (and at most `high`,
+    `why` saying what a larger value would break)."""
 
     def parse(text: str):
         try:
@@ -43,6 +44,8 @@ def at_least(low: float, kind=int):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if x < low:
             raise argparse.ArgumentTypeError(f"{text} must be at least {low:g}")
+        if high is not None and x > high:
+            raise argparse.ArgumentTypeError(f"{text} must be at most {high:g}{why}")
         return x
 
     parse.__name__ = f"{kind.__name__} >= {low:g}"  # how argparse names the type in its message
@@ -91,3 +94,20 @@ def check_report_file(path: str | None, flag: str, outputs=()) -> None:
         raise SymmergeError(f"{flag} {path} is a folder; give a file name, e.g. {p / 'report.json'}")
     if not p.absolute().parent.is_dir():
         raise SymmergeError(f"{flag} {path}: the folder {p.absolute().parent} does not exist; create it first")
+
+
+def check_plot_file(path: str | None, report: str | None = None, flag: str = "--plot") -> None:
+    """`check_report_file`, a file type matplotlib can write (known by the name's suffix) and not the `report`
+    file (--json) too: refused before the computation, which otherwise ends in matplotlib's ValueError."""
+    check_report_file(path, flag)
+    if path is None:
+        return
+    if report is not None and Path(report).absolute() == Path(path).absolute():
+        raise SymmergeError(f"{flag} and --json both name {path}; give each its own file")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        raise SymmergeError(f"{flag} {path}: matplotlib cannot write {'.' + suffix if suffix else 'a file without a suffix'}; "
+                            f"name a .png, .pdf or .svg file (or any of {', '.join(sorted(kinds))})")
