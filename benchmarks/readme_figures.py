@@ -290,6 +290,9 @@ FIGURES = {f.name: f for f in (
     Figure("rotary-long", P("not for Llama, and longer learning does not close it: 2000 steps give {} ({} of plain) "
                             "and the default `align --method dual` (4 epochs) {} ({}), both levelled off"),
            "benchmark", sources=(ROTARY,), command="benchmarks/rotary_study.py --steps 2000; align --method dual"),
+    Figure("rotary-default", P("With no tuning flags, `align --method dual` (4 epochs, `--lr auto`) gives {} ± {} on the "
+                               "GPT-2 pair and {} ± {} on NeoX,"), "benchmark", sources=(ROTARY,),
+           command="symmerge align A B --method dual (no tuning flags), then barrier --split test --max-batches 55"),
     Figure("rotary-qk", P("weight matching's barrier rises from {} to {} ({}% -> {}% of plain averaging's; NeoX {}%, "
                           "Llama {}%), but dual matching's only from {} to {} (dual / plain {}): after learning the "
                           "restriction costs GPT-2 about {} nats, while Llama stays {}-{} above the restricted GPT-2"),
