@@ -16,6 +16,8 @@ falls as the batch grows.
     # --dtype bfloat16 --recompute block,weights,none: both steps in bf16, every recompute mode
     # --shape pythia-160m [--layers N] --seq 512: a random GPT-NeoX pair of a real shape (vocabulary 50304),
     #   written in --dtype and read back as LazyModels (the CLI's path), instead of a preset
+    # --device cuda: both steps on the GPU (synchronised around each timed call); the peak GPU memory of each
+    #   column (`torch.cuda.max_memory_allocated`, reset before each call) is printed after the times
 
 What to expect: acting on a block's weights costs about d_model / tokens of its forward per side and pass, so
 recompute=block (one more forward than plain training) stays above 4/3, and recompute=weights (the same
@@ -88,16 +90,29 @@ def apply_only(learner: Learner) -> None:
         forward.block_state(part, i)
 
 
-def median_times(fns: dict, steps: int, warmup: int) -> dict[str, float]:
+def median_times(fns: dict, steps: int, warmup: int, device: torch.device | None = None,
+                 peaks: dict | None = None, samples: dict | None = None) -> dict[str, float]:
+    """Median seconds of each of `fns` (interleaved); on a GPU `device`, synchronised around each call and the
+    peak allocated bytes of each fn kept in `peaks`; every timed sample kept in `samples` when given."""
+    cuda = device is not None and device.type == "cuda"
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times = {k: [] for k in fns}
     for _ in range(steps):  # interleaved: a busy machine slows both alike
         for k, fn in fns.items():
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
             t0 = time.perf_counter()
             fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+                if peaks is not None:
+                    peaks[k] = max(peaks.get(k, 0), torch.cuda.max_memory_allocated(device))
             times[k].append(time.perf_counter() - t0)
+    if samples is not None:
+        samples.update(times)
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
@@ -116,7 +131,11 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="a Pythia shape (pythia-160m, pythia-410m, pythia-1.4b) instead of a preset")
     ap.add_argument("--layers", type=int, default=None, help="--shape: its depth (default: the shape's)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the preset's context; --shape: 512)")
+    ap.add_argument("--device", default="cpu", help="where both steps run: cpu, cuda or cuda:N")
+    ap.add_argument("--spread", action="store_true", help="also print each ratio's range over the timed steps "
+                    "(step i of a column against step i of plain: the same moment of a shared machine)")
     a = ap.parse_args()
+    device = torch.device(a.device)
     if a.threads:
         torch.set_num_threads(a.threads)
     preset = get_preset(a.arch, a.preset)
@@ -129,9 +148,10 @@ def main() -> None:
         make(seed).to(dtype).save_pretrained(Path(tmp.name) / str(seed))  # the endpoints stored in --dtype
         pair.append(LazyModel(Path(tmp.name) / str(seed)) if a.shape else load_model(Path(tmp.name) / str(seed)))
     modes = a.recompute.split(",")
-    learner = Learner(*pair, LearnConfig(method=a.method, groups=groups, dtype=a.dtype, recompute=modes[0]))
+    learner = Learner(*pair, LearnConfig(method=a.method, groups=groups, dtype=a.dtype, recompute=modes[0],
+                                               device=a.device))
     lopt = torch.optim.Adam(list(learner.trainables().values()), lr=1e-3)
-    plain = make(2).to(dtype).train()
+    plain = make(2).to(dtype).to(device).train()
     popt = _optimizer(plain, preset, preset.lr)
     n_weights = sum(p.numel() for p in plain.parameters())
     n_group = sum(t.numel() for t in learner.trainables().values())
@@ -141,7 +161,7 @@ def main() -> None:
     sizes = [int(x) for x in a.batches.split(",")] if a.batches else sorted({1, 4, preset.batch_size})
     print(f"{what}: d={s.d_model}, layers={s.n_layers}, {n_weights / 1e6:.1f}M weights; {a.method}, "
           f"{n_group / 1e3:.1f}k group parameters ({a.groups}); {a.dtype}; threads={torch.get_num_threads()}; "
-          f"median of {a.steps}", flush=True)
+          f"median of {a.steps}; device {device}", flush=True)
     cols = "".join(f" {'recompute=' + m + ' s':>20} {'/plain':>7}" for m in modes)
     print(f"{'batch':>6} {'tokens':>7} {'plain s/step':>13}{cols} {'of which apply fwd s':>21}")
     gen = torch.Generator().manual_seed(0)
@@ -156,9 +176,16 @@ def main() -> None:
         fns = {"plain": lambda b=batch: _step(plain, popt, b, preset.lr, preset.clip, dtype)}
         fns.update({m: (lambda b=batch, m=m: learned(m, b)) for m in modes})
         fns["apply"] = lambda: apply_only(learner)
-        t = median_times(fns, a.steps, a.warmup)
+        peaks, samples = {}, {}
+        t = median_times(fns, a.steps, a.warmup, device, peaks, samples)
         row = "".join(f" {t[m]:>20.3f} {t[m] / t['plain']:>7.2f}" for m in modes)
         print(f"{bs:>6} {tokens:>7} {t['plain']:>13.3f}{row} {t['apply']:>21.3f}", flush=True)
+        if a.spread:
+            print("       ratio range over the steps: " + ", ".join(
+                f"{m} {min(r):.2f}-{max(r):.2f}" for m in modes
+                for r in [[x / y for x, y in zip(samples[m], samples["plain"])]]), flush=True)
+        if peaks:
+            print("       peak GPU memory GiB: " + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()), flush=True)
     tmp.cleanup()
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape has (per-block figures "
                     "at full width)")
     ap.add_argument("--groups", default=None, help="comma-separated families (default: the spec's default families, as align)")
+    ap.add_argument("--device", default=None, help="where the large products run (weight_match(device=)): cuda, cuda:N")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
@@ -152,7 +153,8 @@ def main() -> None:
     log: list = []
     fams = args.groups.split(",") if args.groups else a.spec.default_families()
     res = weight_mod.weight_match(a.spec, Source(a, log, echo=True), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
-                                  dtype=dtype, progress=False, products=args.cost_products)
+                                  dtype=dtype, progress=False, products=args.cost_products,
+                                  device=args.device)
     end, cpu_end, rss_end = time.perf_counter(), time.process_time(), rss_gib()
     n_parts = len(keys)
     sweep_start = log[n_parts][1]  # the first part read by sweep 1 (sweeps read only the blocks: `weight_stream`)
@@ -182,6 +184,8 @@ def main() -> None:
     print(f"peak RSS: at the middle block of sweep 1 {mid[2]:.2f} GiB, at the end {rss_end:.2f} GiB")
     series = ", ".join(f"{k}: {r:.2f}" for k, _, r, _ in log[n_parts:n_parts + a.shape.n_layers])
     print(f"peak RSS (GiB) when sweep 1 starts reading each part: {series}")
+    if args.device and torch.device(args.device).type == "cuda":
+        print(f"peak GPU memory {torch.cuda.max_memory_allocated(args.device) / 2**30:.2f} GiB")
     print(f"similarity {res.history[0]:.6f} -> {res.history[-1]:.6f}")
 
 
