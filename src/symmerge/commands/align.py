@@ -241,6 +241,9 @@ def _checked(args, matcher):
     if not matcher.forward and not matcher.places and args.device:
         raise SymmergeError(f"--device is for --method {' or '.join([*forward_methods(), *placed_methods()])}; "
                             f"{args.method} matching runs on the CPU")
+    if args.resume and not matcher.forward:
+        raise SymmergeError(f"--resume continues an interrupted --method {' or '.join(forward_methods())} run; "
+                            f"{args.method} matching keeps no run to resume: run it again without --resume")
     opts = registry.options_for(matcher.name, vars(args))
     if not args.resume:
         prepare_output(args.out, args.force, [args.a, args.b])  # fail before any work
