@@ -7,7 +7,10 @@
 #   2. the same at Pythia-1.4B shape (2k/8k tokens, median of 3);
 #   3. one weight-matching sweep at Pythia-1.4B shape (weight_matching_scale.py, products on the GPU): s/sweep,
 #      its floor, peak RSS and peak GPU memory;
-#   4. the same at Llama-2-7B shape with bf16 cost products.
+#   4. the same at Llama-2-7B shape with bf16 cost products;
+#   5. one weight matching of a Pythia-410M-shape pair (2 layers) on the CPU at 1 and all threads and with the
+#      products on the GPU (wm_devices.py): which results are bit for bit the same;
+#   6. the device tests (tests/test_devices.py, tests/test_streaming.py) with the GPU visible.
 #
 # The random checkpoints are built on the machine (under $WORK, default /tmp/gpu_check; 1.4B: 2 x 2.8 GB,
 # 7B: 2 x 13.5 GB, written in a step of its own). Each step has its own timeout (STEP_S seconds each, printed); a step stopped by it still
@@ -34,7 +37,7 @@ if [ $SMOKE = 1 ]; then
     SC="--layers 1 --seq 32 --batches 1 --steps 1 --warmup 0"   # step cost, both shapes
     SC160=$SC SC14=$SC S14=pythia-160m   # the 1.4B step at 160M width: the same code, a quarter of the time
     WM14="--shape pythia-70m --layers 1" WM7="--shape pythia-70m --layers 1"
-    T160=300 T14=300 TW14=300 TW7W=300 TW7=300
+    T160=300 T14=300 TW14=300 TW7W=300 TW7=300 TWD=300 TT=600
 else
     DEV=cuda THREADS=$(nproc --all) S14=pythia-1.4b
     if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -44,7 +47,8 @@ else
     SC160="--seq 512 --batches 8,16,32 --steps 5 --warmup 2"
     SC14="--seq 512 --batches 4,16 --steps 3 --warmup 1"
     WM14="--shape pythia-1.4b" WM7="--shape llama-2-7b"
-    T160=90 T14=140 TW14=70 TW7W=90 TW7=170   # 560 s in all
+    T160=${T160:-90} T14=${T14:-140} TW14=${TW14:-70} TW7W=${TW7W:-90} TW7=${TW7:-170}   # 560 s in all
+    TWD=${TWD:-60} TT=${TT:-90}
 fi
 
 {
@@ -64,7 +68,7 @@ step() {  # step NAME TIMEOUT_S ARGS...: run one measurement, log it, note its s
     timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.txt" 2>&1
     local rc=$?
     echo "   rc $rc$([ $rc = 124 ] && echo ' (timed out)') in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
-    grep -E '^ +[0-9]+ +[0-9]+ |ratio range|peak|sweep / floor|per sweep|similarity|Error' "$OUT/$name.txt" \
+    grep -E '^ +[0-9]+ +[0-9]+ |ratio range|peak|sweep / floor|per sweep|similarity|Error|^\{"device|passed|failed' "$OUT/$name.txt" \
         | sed 's/^/   /' >> "$SUMMARY"
 }
 
@@ -77,4 +81,9 @@ step wm_1.4b $TW14 "$PY" benchmarks/weight_matching_scale.py $WM14 --folder "$WO
 step wm_7b_write $TW7W "$PY" benchmarks/weight_matching_scale.py $WM7 --folder "$WORK" --threads "$THREADS" --write-only
 step wm_7b $TW7 "$PY" benchmarks/weight_matching_scale.py $WM7 --folder "$WORK" --threads "$THREADS" \
     --cost-products bfloat16 $WMDEV
+WDDEV=$([ $DEV = cuda ] && echo "--device cuda")
+WDSHAPE=$([ $SMOKE = 1 ] && echo "pythia-70m" || echo "pythia-410m")
+step wm_devices $TWD "$PY" benchmarks/wm_devices.py --shape $WDSHAPE --layers 2 --folder "$WORK" \
+    --threads "1,$THREADS" $WDDEV --json "$OUT/wm_devices.json"
+step tests_device $TT "$PY" -m pytest -p no:cacheprovider tests/test_devices.py tests/test_streaming.py
 echo "done $(date -u)" >> "$SUMMARY"

@@ -126,6 +126,8 @@ def main() -> None:
                     "at full width)")
     ap.add_argument("--groups", default=None, help="comma-separated families (default: the spec's default families, as align)")
     ap.add_argument("--device", default=None, help="where the large products run (weight_match(device=)): cuda, cuda:N")
+    ap.add_argument("--workers", type=int, default=1, help="blocks solved at once in a sweep (weight_match(workers=)); "
+                    "--threads is shared among them")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
@@ -154,7 +156,7 @@ def main() -> None:
     fams = args.groups.split(",") if args.groups else a.spec.default_families()
     res = weight_mod.weight_match(a.spec, Source(a, log, echo=True), Source(b, []), fams, max_iters=args.sweeps, tol=0.0,
                                   dtype=dtype, progress=False, products=args.cost_products,
-                                  device=args.device)
+                                  device=args.device, workers=args.workers)
     end, cpu_end, rss_end = time.perf_counter(), time.process_time(), rss_gib()
     n_parts = len(keys)
     sweep_start = log[n_parts][1]  # the first part read by sweep 1 (sweeps read only the blocks: `weight_stream`)
@@ -170,7 +172,7 @@ def main() -> None:
     n = sum(t.numel() for k in ("embed", "final") for t in a.part(k).values()) + a.shape.n_layers * sum(
         t.numel() for t in a.part(0).values())
     print(f"{args.shape}: {a.shape.n_layers} layers, d={a.shape.d_model}, d_mlp={a.shape.d_mlp}, {n / 1e6:.0f}M "
-          f"canonical parameters, {args.precision} algebra, cost products {args.cost_products}, {args.threads} threads, "
+          f"canonical parameters, {args.precision} algebra, cost products {args.cost_products}, {args.threads} threads, {args.workers} worker(s), "
           f"groups {','.join(fams)}")
     print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep (process CPU "
           f"{cpu_per_sweep:.1f}s: less than the wall time when other jobs share the cores)")

@@ -162,12 +162,16 @@ def test_align_learned_in_bfloat16_runs_there_and_writes_the_inputs_dtype(lab, t
 
 def test_device_syntax_and_the_gpu_checks(monkeypatch):
     assert devices.resolve_device("cpu") == torch.device("cpu")
-    assert devices.resolve_device(None) == torch.device("cpu")  # no GPU here: the default is the CPU
+    # the default: the CPU where no GPU is visible, else the current GPU
+    assert devices.resolve_device(None) == (torch.device("cuda", torch.cuda.current_device())
+                                            if torch.cuda.is_available() else torch.device("cpu"))
     for bad in ("gpu", "cuda:", "cuda:-1", "cpu:0", "mps"):
         with pytest.raises(Exception, match="not cpu, cuda or cuda:N"):
             devices.device_name(bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no GPU visible (also on a machine with one)
     with pytest.raises(SymmergeError, match="no CUDA GPU is visible"):
         devices.resolve_device("cuda")
+    assert devices.resolve_device(None) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # pretend one GPU: the index check
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -199,8 +203,9 @@ def test_a_dtype_the_probe_refuses_stops_the_command_before_any_work(command, la
     capsys.readouterr()
     assert main([*argv, "--dtype", "bfloat16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"symmerge {command}: error: --dtype bfloat16 does not run on cpu (\"addmm\" not implemented "
-                       "for 'BFloat16'); choose another --dtype or --device")
+    where = devices.device_name(devices.resolve_device(None))  # the default device: a GPU where one is visible
+    assert err[-1] == (f"symmerge {command}: error: --dtype bfloat16 does not run on {where} (\"addmm\" not "
+                       "implemented for 'BFloat16'); choose another --dtype or --device")
     assert not out.exists()
 
 

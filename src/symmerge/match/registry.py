@@ -126,6 +126,9 @@ OPTIONS = {o.name: o for o in (
     Option("cost_products", CHOICES[0], "products behind weight matching's assignment costs: exact (in the algebra's "
            "precision) or bfloat16 (bf16 operands, float32 accumulation: several times faster on CPUs with AMX; "
            "every candidate still judged exactly)", choices=CHOICES),
+    Option("sweep_workers", _signature_default(weight_match, "workers"), "blocks weight matching solves at once within "
+           "a sweep, each on one thread (the same result bit for bit whatever the count; memory holds that many "
+           "blocks of both models); 0: the CPU thread count, at most 4", at_least(0)),
     Option("batch_size", _recipe("batch_size", 8), "sequences (images) per batch (full recipe: as many as make "
            f"{BATCH_TOKENS} tokens, an image counting its patches and CLS token)", at_least(1)),
     Option("max_batches", _recipe("max_batches", 8), "batches of data used (learned/dual: training batches; "
@@ -195,7 +198,8 @@ def _from_match(method: str, res, start=None) -> Alignment:
 
 def _run_weight(a, b, families, data, opts, start, progress: bool = False, device=None) -> Alignment:
     res = weight_match(b.spec, _parts(a), _parts(b), families, opts["max_iters"], progress=progress,
-                       dtype=getattr(torch, opts["precision"]), products=opts["cost_products"], device=device)
+                       dtype=getattr(torch, opts["precision"]), products=opts["cost_products"], device=device,
+                       workers=opts["sweep_workers"])
     return _from_match("weight", res)
 
 
@@ -316,7 +320,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
 
 MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
-            ("max_iters", "precision", "cost_products"), streams=True, places=True, many=_run_weight_many),
+            ("max_iters", "precision", "cost_products", "sweep_workers"), streams=True, places=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "match activations on --data", True, _run_activation,
             ("precision", *_DATA_OPTIONS), streams=True, many=_run_activation_many),
     Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "

@@ -52,8 +52,13 @@ import torch
 
 from .. import groups as G
 from ..spec import Spec
+from ..threads import one_thread
 from .residual import ROTATION, SCALE
 from .weight_stream import StreamRun, sources
+
+
+#: blocks solved at once when `weight_match(workers=0)`: at most this many, however many threads there are
+MAX_AUTO_WORKERS = 4
 
 
 @dataclass
@@ -69,7 +74,7 @@ class MatchResult:
 def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters: int = 20,
                  tol: float = 1e-12, g0: dict | None = None, progress: bool = False,
                  dtype: torch.dtype = G.DTYPE, products: str | None = None,
-                 device: torch.device | str | None = None, min_gain: float = 0.0) -> MatchResult:
+                 device: torch.device | str | None = None, min_gain: float = 0.0, workers: int = 0) -> MatchResult:
     """The element g of the selected families making g·B closest to A.
 
     `A`, `B`: canonical parameter dicts, or anything with `part(key)` (a `model.LazyModel`), read one
@@ -88,7 +93,22 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     element kept on the CPU, so a GPU changes only where the products run (and their summation order).
     `min_gain`: from a given `g0`, also stop after a sweep that lowers the squared distance by at most this
     much (many-model rounds bound their matches by it, `many.weight_match_many`); 0: the `tol` rule alone.
+    `workers`: blocks solved at once within a sweep, each on one thread (`weight_stream.StreamRun.sweep`;
+    memory up to that many blocks of both models); 0: torch's thread count, at most `MAX_AUTO_WORKERS`.
+
+    Thread count: the whole computation runs under `threads.one_thread`, so the element, the history and
+    every discrete choice are bit for bit the same at any thread count and any `workers` on one machine
+    and torch build (not across CPU models or builds, nor between the CPU and a GPU `device`, whose
+    products sum in another order).
     """
+    with one_thread() as threads:
+        workers = workers or min(threads, MAX_AUTO_WORKERS)
+        return _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,
+                             workers)
+
+
+def _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,
+                  workers) -> MatchResult:
     from ..model import part_keys
     from ..progress import tqdm
 
@@ -117,9 +137,9 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     restarted = False
     for it in tqdm(range(max_iters), desc="weight matching", disable=not progress):
         fit = run.new_fit()
-        for key in tqdm([k for k in keys if k not in run.fixed_parts], desc=f"sweep {it + 1}", disable=not progress,
-                        leave=False):
-            run.sweep_part(key, fit, first)
+        swept = [k for k in keys if k not in run.fixed_parts]
+        with tqdm(total=len(swept), desc=f"sweep {it + 1}", disable=not progress, leave=False) as bar:
+            run.sweep(swept, fit, first, workers, bar.update)
         old = run.residual()
         if fit_rot or fit_scale:
             with run.timer("rotation"):

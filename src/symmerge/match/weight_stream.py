@@ -12,6 +12,9 @@ starting element, which is what the starting objective needs.
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from .. import groups as G
@@ -114,18 +117,64 @@ class StreamRun:
         fit.merge(self.fixed)
         return fit
 
-    def sweep_part(self, key, fit: ResidualFit, first: bool) -> None:
-        """A block's own groups given the residual element (one `descend`), then its residual statistics."""
-        pa, pb = self._read(key)
+    def sweep(self, keys, fit: ResidualFit, first: bool, workers: int = 1, done=None) -> None:
+        """One sweep over the parts `keys`, in order: each block's own groups given the residual element,
+        then its residual statistics added to `fit`. `done()` is called after each part (a progress bar).
+
+        `workers` > 1 solves that many blocks at once, in threads: a block's groups act on its own tensors
+        only and the residual element does not move within a sweep, so the blocks are independent; the
+        parts are still read one at a time, and each block's element and statistics are taken in the
+        order of `keys` on this thread, so the result is bit for bit that of `workers=1` when each block's
+        arithmetic is itself single-threaded (`weight.weight_match` runs under `threads.one_thread`).
+        Memory: up to `workers` blocks of both models and their transients at once instead of one."""
+        done = done or (lambda: None)
+        if workers <= 1:
+            for key in keys:
+                pa, pb = self._read(key)
+                self._finish(key, pa, pb, self._solve(key, pa, pb, first, self._block_g(key)), fit)
+                done()
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="sweep") as pool:
+            pending = deque()  # (key, pa, pb, future of `_solve`), in the order of keys
+            for key in keys:
+                if len(pending) == workers:
+                    self._finish_future(pending.popleft(), fit)
+                    done()
+                pa, pb = self._read(key)
+                pending.append((key, pa, pb, pool.submit(self._solve, key, pa, pb, first, self._block_g(key))))
+            while pending:
+                self._finish_future(pending.popleft(), fit)
+                done()
+
+    def _block_g(self, key) -> dict:
+        """The current element of the groups that live in part `key` (a block's own groups)."""
+        return {n: x for n, x in self.g.items() if self.spec.groups[n].layer == key}
+
+    def _solve(self, key, pa: dict, pb: dict, first: bool, g_block: dict):
+        """A block's own groups given the residual element (one `descend`): (their new element, steps,
+        rejected steps, seconds by kind). Reads only `pa`, `pb`, `g_block` and the residual element, so
+        blocks can be solved concurrently (`sweep`)."""
+        seconds: dict[str, float] = {}
         layer = {n for n in self.chosen if self.spec.groups[n].layer == key} if isinstance(key, int) else set()
-        if layer:
-            with self.timer("applying"):
-                pr = self._rotated(pb)
-            st = State(self.spec, pa, pr, {n: x for n, x in self.g.items() if self.spec.groups[n].layer == key},
-                       self.products)
-            n_steps, n_rej = descend(st, layer, first, self.seconds)
-            self.steps, self.rejected = self.steps + n_steps, self.rejected + n_rej
-            self.g.update(st.g)
-            del pr, st
+        if not layer:
+            return {}, 0, 0, seconds
+        with Timer(seconds)("applying"):
+            pr = self._rotated(pb)
+        st = State(self.spec, pa, pr, g_block, self.products)
+        n_steps, n_rej = descend(st, layer, first, seconds)
+        return st.g, n_steps, n_rej, seconds
+
+    def _finish_future(self, item, fit: ResidualFit) -> None:
+        key, pa, pb, future = item
+        self._finish(key, pa, pb, future.result(), fit)
+
+    def _finish(self, key, pa: dict, pb: dict, solved, fit: ResidualFit) -> None:
+        """Take a block's solution into the element, then add its residual statistics to `fit`."""
+        g, n_steps, n_rej, seconds = solved
+        self.g.update(g)
+        self.steps, self.rejected = self.steps + n_steps, self.rejected + n_rej
+        for kind, t in seconds.items():
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + t
         with self.timer("residual statistics"):
             fit.add(pa, self._without_residual(pb))
+
