@@ -3,8 +3,8 @@
     tolerance = 1e3 · finfo(dtype).eps · max(1, max |reference|)
 
 The dtype is the precision the forward really runs in: the weights' dtype, but at most float32 for
-the stock classes whose norms compute in float32 whatever the weights' dtype (Llama, Mistral and
-Qwen2's RMSNorm, OLMo's LayerNorm cast to float32 and back). Float64 models of the other classes
+the stock classes whose norms compute in float32 whatever the weights' dtype (Llama, Mistral,
+Qwen2 and Qwen3's RMSNorm, OLMo's LayerNorm cast to float32 and back). Float64 models of the other classes
 (GPT-2, GPT-NeoX, ViT) agree to float64 precision, so a flat 1e-4 would be eight orders too loose.
 """
 
@@ -15,7 +15,7 @@ import torch
 from factories import logits
 
 #: `config.model_type`s whose stock forward normalises in float32
-NORM_IN_FP32 = {"llama", "mistral", "qwen2", "olmo"}
+NORM_IN_FP32 = {"llama", "mistral", "qwen2", "qwen3", "olmo"}
 
 
 def precision(model) -> torch.dtype:

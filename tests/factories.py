@@ -35,6 +35,12 @@ def _configs() -> dict:
                                            num_key_value_heads=2, head_dim=12, intermediate_size=40, vocab_size=61,
                                            max_position_embeddings=32, sliding_window=5, tie_word_embeddings=False,
                                            bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # Qwen3: QK-norm, GQA, tied embeddings, head_dim independent of hidden_size / num_heads; a large eps, so
+        # that the residual scale's eps update (shared with the QK-norm) shows in the logits
+        "qwen3": lambda: T.Qwen3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=12, intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                       rms_norm_eps=1e-2, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+                                       pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -52,7 +58,8 @@ CLASSES = {"vit": T.ViTForImageClassification}
 def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-                             "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
+                             "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                             "olmo": "OlmoForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

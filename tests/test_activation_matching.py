@@ -68,7 +68,7 @@ def fake_data(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama") if a in SUPPORTED])
+@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3") if a in SUPPORTED])
 def test_cli_activation_align(tmp_path, fake_data, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert cli.main(["transform", str(a), "-o", str(tmp_path / "b"), "--seed", "6"]) == 0

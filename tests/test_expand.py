@@ -91,8 +91,9 @@ def _changes_head(arch, case) -> bool:
 @pytest.mark.parametrize("arch,case", ALL_CASES)
 def test_expand_preserves_the_function(arch, case, narrow_dirs, narrow_models, tmp_path):
     wide = _widened(arch, **_cases(arch)[case])
-    if make_config(arch).to_dict().get("clip_qkv") and _changes_head(arch, case):
-        with pytest.raises(SymmergeError, match="clip_qkv"):
+    refusal = "clip_qkv" if make_config(arch).to_dict().get("clip_qkv") else "QK-norm" if _shape(make_config(arch)).qk_norm else None
+    if refusal and _changes_head(arch, case):
+        with pytest.raises(SymmergeError, match=refusal):
             expand_checkpoint(narrow_dirs[arch], _wide_dir(tmp_path, wide), tmp_path / "out")
         assert not (tmp_path / "out").exists()
         return
@@ -134,10 +135,12 @@ def _controls():
         out.append((arch, "all", "reader_scale"))
         if s.eps_in_config:
             out.append((arch, "all", "writer_scale"))  # WIDE's eps is 1000x NARROW's
+        if s.qk_norm:
+            out.append((arch, "all", "qk_scale"))
         if s.centred:
             out.append((arch, "heads", "P"))
         case = "head_dim" if "head_dim" in _cases(arch) else "d_model"
-        if s.clip_qkv is None and _changes_head(arch, case):
+        if s.clip_qkv is None and not s.qk_norm and _changes_head(arch, case):
             out.append((arch, case, "score_scale"))
             if s.rotary_dims:
                 out.append((arch, case, "head_dims"))
@@ -149,7 +152,7 @@ def test_uncompensated_expansions_change_the_function(arch, case, control, narro
     wide = _widened(arch, **_cases(arch)[case])
     narrow = LazyModel(narrow_dirs[arch])
     e = plan(narrow.adapter, narrow.config, wide)
-    wrong = {"reader_scale": 1.0, "writer_scale": 1.0, "score_scale": 1.0,
+    wrong = {"reader_scale": 1.0, "writer_scale": 1.0, "score_scale": 1.0, "qk_scale": 1.0,
              # RoPE pairs on the first wide pairs, whatever their frequencies
              "head_dims": torch.cat([torch.arange(e.narrow.rotary_dims // 2),
                                      e.wide.rotary_dims // 2 + torch.arange(e.narrow.rotary_dims // 2),

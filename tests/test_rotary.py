@@ -59,7 +59,7 @@ def test_stock_rotations_differ_between_layouts():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("constraints", [("rope",), ("rope", "signed_permutation")])
+@pytest.mark.parametrize("constraints", [("rope",), ("rope", "signed_permutation"), ("rope", "qk_norm")])
 @pytest.mark.parametrize("seed", range(3))
 def test_random_elements_commute_with_every_position(layout, constraints, seed):
     grp = _group(layout, constraints)
@@ -67,7 +67,7 @@ def test_random_elements_commute_with_every_position(layout, constraints, seed):
     assert G.membership_error(grp, m) <= 64 * EPS
     assert _commutator(m, _stock_rotations(layout)) <= 64 * EPS, f"{layout}: the map does not commute with RoPE"
     other = "half" if layout == "interleaved" else "interleaved"
-    if "signed_permutation" not in constraints:  # a quarter turn can commute with both layouts' rotations
+    if constraints == ("rope",):  # a quarter turn or a sign per pair can commute with both layouts' rotations
         assert _commutator(m, _stock_rotations(other)) > 1e-3, "negative control: the other layout's rotation"
 
 
@@ -83,8 +83,9 @@ def test_non_commuting_maps_are_rejected(layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_solver_recovers_a_planted_map(layout):
-    grp = _group(layout)
+@pytest.mark.parametrize("constraints", [("rope",), ("rope", "signed_permutation"), ("rope", "qk_norm")])
+def test_solver_recovers_a_planted_map(layout, constraints):
+    grp = _group(layout, constraints)
     gen = torch.Generator().manual_seed(0)
     m = G.random_element(grp, gen)
     xb, yb = torch.randn(3, N, 20, generator=gen, dtype=torch.float64), torch.randn(3, N, 20, generator=gen, dtype=torch.float64)

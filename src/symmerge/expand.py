@@ -20,6 +20,10 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
   (the stock `1/sqrt(d_head)` changes with the head width). With RoPE, each narrow rotary pair
   lands on the wide pair with the *same* inverse frequency (the stock forward's float32 values,
   compared exactly) and the pass-through dimensions on wide pass-through dimensions.
+- QK-norm (an RMSNorm on q and k that reads the config's eps): q and k are multiplied by
+  `sqrt(eps_D / eps_d)` (the residual scale's action on them), so the norm sees its input and eps
+  scaled alike. A wider head would change the mean the norm takes and the
+  score scale behind it: refused.
 
 What cannot be expanded is refused in `plan` with the reason (see the README's "Expanding a narrow
 model" for the list).
@@ -49,7 +53,7 @@ Params = dict[str, torch.Tensor]
 SAME = {"arch": "architectures", "hf_class": "classes", "n_layers": "layer counts", "vocab": "vocabularies (or classes)",
         "norm": "normalisations", "gated": "MLP kinds", "parallel": "residual layouts", "rotary_layout": "RoPE layouts",
         "activation": "activations", "clip_qkv": "clip_qkv", "n_positions": "position counts",
-        "eps_in_config": "eps handling"}
+        "eps_in_config": "eps handling", "qk_norm": "QK-norms"}
 #: widths that may only grow from NARROW to WIDE
 WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp")
 
@@ -65,6 +69,7 @@ class Expansion:
     reader_scale: float  # sqrt(d / D)
     score_scale: float  # score_narrow / score_wide, on the query side of every head
     head_dims: torch.Tensor  # [d_head narrow]: where each query/key dimension lands in the wide head
+    qk_scale: float = 1.0  # sqrt(eps_D / eps_d): q and k under QK-norm (the norm's input scales with its eps)
 
 
 # --- the plan: checks and the maps -----------------------------------------------------------------
@@ -152,9 +157,12 @@ def plan(adapter, narrow_config, wide_config) -> Expansion:
     if n.clip_qkv is not None and score != 1.0:
         raise SymmergeError(f"clip_qkv={n.clip_qkv} clamps q elementwise, so the score scale of a wider head "
                             "cannot be compensated in W_Q; keep d_head")
+    if n.qk_norm and n.d_head != w.d_head:
+        raise SymmergeError(f"QK-norm normalises q and k over the head width, so a wider head ({n.d_head} -> "
+                            f"{w.d_head}) changes their norms; keep d_head")
     return Expansion(n, w, residual_embedding(n.d_model, w.d_model, n.centred),
                      math.sqrt(w.eps * w.d_model / (n.d_model * n.eps)), math.sqrt(n.d_model / w.d_model),
-                     score, head_dims(adapter, narrow_config, wide_config, n, w))
+                     score, head_dims(adapter, narrow_config, wide_config, n, w), math.sqrt(w.eps / n.eps))
 
 
 # --- applying it: pure, tensor by tensor ------------------------------------------------------------
@@ -196,6 +204,11 @@ def expand_params(e: Expansion, wide_spec: Spec, params: Params) -> Params:
             group = wide_spec.groups[a.group]
             if a.how == "sq":  # the eps: WIDE's, exactly (a^2 d/D eps_d = eps_D up to rounding)
                 t = torch.full_like(t, e.wide.eps)
+            elif wide_spec.is_residual_scale(a.group):
+                # a writer's scale rides on its residual axis (`_axis_map`); q and k under QK-norm are scaled
+                # without being writers
+                if not any(b.how == "g" and wide_spec.groups[b.group].family == RESIDUAL_ROTATION for b in wide_spec.actions[name]):
+                    t = t * e.qk_scale
             elif a.axis not in done:
                 t = _axis_map(e, wide_spec, name, t, a.axis, group.family, a.how, group.size)
                 done.add(a.axis)

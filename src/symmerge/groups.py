@@ -17,12 +17,13 @@ import torch
 
 from . import SymmergeError
 from . import kinds as K
+from . import kinds_signed as KS
 from .kinds import DTYPE, _haar_orthogonal, ones_complement_basis, orthogonal_fixing_ones  # noqa: F401 (re-exported)
 from .rotary import Pairing
 
 KINDS = ("permutation", "orthogonal", "invertible", "diagonal", "scalar")
 #: constraints a group may carry, each read by the kind object it resolves to (`STRUCTURES`)
-CONSTRAINTS = ("fixes_ones", "rope", "signed_permutation", "permutation_matrix", "positive")
+CONSTRAINTS = ("fixes_ones", "rope", "signed_permutation", "permutation_matrix", "positive", "qk_norm")
 
 #: (kind, sorted constraints) -> the object that implements that group: the one place the strings are read
 STRUCTURES: dict[tuple[str, tuple[str, ...]], K.Kind] = {
@@ -32,8 +33,10 @@ STRUCTURES: dict[tuple[str, tuple[str, ...]], K.Kind] = {
     ("orthogonal", ("permutation_matrix",)): K.PermutationMatrices(),
     ("invertible", ()): K.Invertible(),
     ("invertible", ("rope",)): K.RopeCommuting(),
-    ("invertible", ("signed_permutation",)): K.SignedPermutations(),
-    ("invertible", ("rope", "signed_permutation")): K.SignedRope(),
+    ("invertible", ("signed_permutation",)): KS.SignedPermutations(),
+    ("invertible", ("rope", "signed_permutation")): KS.SignedRope(),
+    ("invertible", ("qk_norm",)): KS.PairSigns(),
+    ("invertible", ("qk_norm", "rope")): KS.PairSigns(),
     ("diagonal", ()): K.Diagonal(),
     ("diagonal", ("positive",)): K.Diagonal(positive=True),
     ("scalar", ()): K.Scalar(),

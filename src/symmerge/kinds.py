@@ -14,9 +14,11 @@ that object instead of testing the strings. Elements are plain tensors, in float
 | `RopeCommuting`         | "rope": commutes with RoPE (rotary.py)  | `[*batch, n, n]`    | `T' = G T`                 |
 | `SignedPermutations`    | "signed_permutation" (clip_qkv)         | `[*batch, n, n]`    | `T' = G T`                 |
 | `SignedRope`            | "rope" and "signed_permutation"         | `[*batch, n, n]`    | `T' = G T`                 |
+| `PairSigns`             | "qk_norm" (and "rope"): ±1 diagonals    | `[*batch, n, n]`    | `T' = G T`                 |
 | `Diagonal`              | nonzero diagonals ("positive": > 0)     | `[*batch, n]`       | `T'[i] = d[i] T[i]`        |
 | `Scalar`                | positive scalars                        | `[]`                | `T' = a T` (whole tensor)  |
 
+The three sign kinds (`SignedPermutations`, `SignedRope`, `PairSigns`) live in `kinds_signed.py`.
 A constrained group is a subclass of its kind: it inherits the algebra (identity, inverse,
 composition, the action on the reading axes) and replaces the pieces the constraint changes (random
 element, membership, dimension, solver, parameterisation form). Each object names its weight-matching
@@ -69,20 +71,6 @@ def _well_conditioned(n: int, gen: torch.Generator, batch, spread: float) -> tor
     """Random invertible matrices with singular values in [1/spread, spread]."""
     u, v = _haar_orthogonal(n, gen, batch), _haar_orthogonal(n, gen, batch)
     return u @ torch.diag_embed(_log_uniform((*batch, n), gen, spread)) @ v
-
-
-def _random_signed_permutation(n: int, gen: torch.Generator, batch) -> torch.Tensor:
-    mats = []
-    for _ in range(math.prod(batch)):
-        p = torch.randperm(n, generator=gen)
-        s = torch.randint(0, 2, (n,), generator=gen).to(DTYPE) * 2 - 1
-        mats.append(torch.nn.functional.one_hot(p, n).to(DTYPE) * s[:, None])
-    return torch.stack(mats).reshape(*batch, n, n) if batch else mats[0]
-
-
-def _signed_error(g: torch.Tensor) -> float:
-    """0 exactly when every row of `g` has one entry ±1 and zeros elsewhere."""
-    return float((g.abs().sum(-1) - 1).abs().max() + (g.abs().round() - g.abs()).abs().max())
 
 
 # --- the kinds ----------------------------------------------------------------------------------------
@@ -303,43 +291,6 @@ class RopeCommuting(Invertible):
     def dimension(self, group):
         free = group.size - group.rotary_dims
         return (group.rotary_dims + free * free) * math.prod(group.batch)
-
-
-class SignedPermutations(Invertible):
-    """clip_qkv clamps q, k, v elementwise: only signed permutations commute with it."""
-
-    discrete, solver = True, "signed_permutation"
-
-    def random(self, group, gen, spread):
-        return _random_signed_permutation(group.size, gen, group.batch)
-
-    def membership_error(self, group, g):
-        return max(super().membership_error(group, g), _signed_error(g))
-
-    def order_note(self, group):
-        return f"signed permutations of {group.size}"
-
-
-class SignedRope(RopeCommuting):
-    """clip_qkv with RoPE: quarter turns on each rotary pair, a signed permutation on the other dims."""
-
-    discrete, solver = True, "signed_rope"
-
-    def random(self, group, gen, spread):
-        n, b, r = group.size, group.batch, group.rotary_dims
-        k = torch.randint(0, 4, (*b, r // 2), generator=gen).to(DTYPE) * (math.pi / 2)
-        a, bb = torch.round(torch.cos(k)), torch.round(torch.sin(k))
-        free = _random_signed_permutation(n - r, gen, b) if n > r else torch.zeros(*b, 0, 0, dtype=DTYPE)
-        return group.pairing.blocks(n, a, bb, free)
-
-    def membership_error(self, group, g):
-        return max(super().membership_error(group, g), _signed_error(g))
-
-    def dimension(self, group):
-        return 0
-
-    def order_note(self, group):
-        return f"signed permutations of {group.size}"
 
 
 class Diagonal(Kind):

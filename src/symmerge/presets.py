@@ -1,11 +1,11 @@
 """Model and optimiser presets for `symmerge train`, one table per architecture.
 
 `small` is the papers' size: 6 layers, width 256, 4 heads, context 256 (Tiny Shakespeare); the same
-shape for GPT-NeoX, Llama (grouped-query attention with 2 KV heads, SwiGLU width 688 ~ 8/3 d) and
-OLMo. ViT `small` is 6 layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
+shape for GPT-NeoX, Llama and Qwen3 (grouped-query attention with 2 KV heads, SwiGLU width 688 ~ 8/3 d;
+Qwen3 adds QK-norm) and OLMo. ViT `small` is 6 layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
 `tiny` presets train in a second and exist for tests; `demo` (width 128, 3 layers, 4 heads, context 64;
-Llama/OLMo SwiGLU width 344 ~ 8/3 d, Llama with 2 KV heads) trains in minutes on one CPU thread. Dropout is 0 everywhere (so training is a
-function of the seed alone, and a resumed run can equal an uninterrupted one).
+Llama/Qwen3/OLMo SwiGLU width 344 ~ 8/3 d, Llama and Qwen3 with 2 KV heads) trains in minutes on one CPU
+thread. Dropout is 0 everywhere (so training is a function of the seed alone, and a resumed run can equal an uninterrupted one).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 from . import SymmergeError
 
-ARCHS = ("gpt2", "neox", "llama", "olmo", "vit")
+ARCHS = ("gpt2", "neox", "llama", "qwen3", "olmo", "vit")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-              "olmo": "OlmoForCausalLM", "vit": "ViTForImageClassification"}
+              "qwen3": "Qwen3ForCausalLM", "olmo": "OlmoForCausalLM", "vit": "ViTForImageClassification"}
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Preset:
     heads: int
     d_mlp: int
     context: int = 0  # language models: window length in tokens
-    kv_heads: int | None = None  # llama only (GQA); None = heads
+    kv_heads: int | None = None  # llama and qwen3 only (GQA); None = heads
     rotary_pct: float = 0.25  # neox only: the fraction of each head RoPE rotates (Pythia's 25%)
     parallel_residual: bool = True  # neox only: attention and MLP both read the block's input (Pythia)
     patch: dict = field(default_factory=dict)  # vit: image side -> patch side
@@ -61,6 +61,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
     "llama": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
               "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
               "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
+    "qwen3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
+              "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
+              "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
     "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "vit": {
@@ -82,6 +85,8 @@ def get_preset(arch: str, name: str) -> Preset:
     return PRESETS[arch][name]
 
 
+#: the architectures with grouped-query attention (`--kv-heads`)
+GQA = ("llama", "qwen3")
 #: the preset fields `symmerge train` may override (`--d-model`, `--layers`, `--heads`, `--kv-heads`, `--d-mlp`)
 SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
 #: GPT-NeoX's architecture switches `symmerge train` may override (`--rotary-pct`, `--parallel-residual`)
@@ -98,8 +103,8 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     bad = {k: v for k, v in shape.items() if k in SHAPE_FIELDS and (not isinstance(v, int) or v < 1)}
     if bad:
         raise SymmergeError(f"shape overrides must be positive integers, got {bad}")
-    if "kv_heads" in shape and arch != "llama":
-        raise SymmergeError(f"--kv-heads applies to llama (grouped-query attention), not {arch}")
+    if "kv_heads" in shape and arch not in GQA:
+        raise SymmergeError(f"--kv-heads applies to {' and '.join(GQA)} (grouped-query attention), not {arch}")
     neox = [k for k in NEOX_FIELDS if k in shape]
     if neox and arch != "neox":
         raise SymmergeError(f"--{neox[0].replace('_', '-')} applies to neox, not {arch}")
@@ -111,7 +116,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
         raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
                             "positive number of dimensions; change --rotary-pct, --d-model or --heads")
-    if arch in ("llama", "olmo") and head % 2:
+    if arch in ("llama", "qwen3", "olmo") and head % 2:
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
@@ -136,11 +141,16 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
         return T.LlamaConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                              num_key_value_heads=p.kv_heads or p.heads, intermediate_size=p.d_mlp,
                              max_position_embeddings=p.context, tie_word_embeddings=False, pad_token_id=None, **common)
+    if arch == "qwen3":  # head_dim is a config value of its own in Qwen3: d_model / heads, as the other presets
+        return T.Qwen3Config(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                             num_key_value_heads=p.kv_heads or p.heads, head_dim=p.d_model // p.heads,
+                             intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
+                             pad_token_id=None, **common)
     if arch == "olmo":
         return T.OlmoConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                             intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
                             pad_token_id=None, **common)
-    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of gpt2, neox, llama, olmo")
+    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of gpt2, neox, llama, qwen3, olmo")
 
 
 def vit_config(p: Preset, image_size: int, num_labels: int, num_channels: int = 1):

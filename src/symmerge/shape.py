@@ -31,6 +31,9 @@ class ModelShape:
     activation: str
     clip_qkv: float | None = None  # OLMo: q, k and v are clamped elementwise
     n_positions: int = 0  # learned absolute positions (GPT-2, ViT); 0 if none
+    #: an RMSNorm with weights on q and on k before RoPE: "head" (per head over d_head, weights shared by the
+    #: heads: Qwen3), "projection" (over all heads at once, a weight per entry: OLMo-2), "" (none)
+    qk_norm: str = ""
 
     @property
     def q_per_kv(self) -> int:

@@ -194,7 +194,7 @@ def _residual_groups(s: ModelShape, groups: dict, notes: list) -> None:
 def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
     r = _layer_names(i)
     nkv, dh = s.n_kv_heads, s.d_head
-    clip = ("signed_permutation",) if s.clip_qkv is not None else ()
+    clip = ("signed_permutation",) if s.clip_qkv is not None and not s.qk_norm else ()
     clip_note = " (clip_qkv clamps q, k, v elementwise: only signed permutations commute with it)" if clip else ""
     groups[r.heads] = G.Group(r.heads, HEAD_PERM, "permutation", nkv, layer=i,
                                    note="attention heads are summed" + (" (KV groups move as units)" if s.q_per_kv > 1 else ""))
@@ -203,11 +203,9 @@ def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
                                         indexed_by=r.heads, note="query heads sharing a KV head")
     rope = ("rope",) if s.rotary_dims else ()
     groups[r.qk] = G.Group(
-        r.qk, QK_MAP, "invertible", dh, batch=(nkv,), constraints=rope + clip, layer=i,
-        rotary_dims=s.rotary_dims, rotary_layout=s.rotary_layout, indexed_by=r.heads,
-        note=("q k^T is unchanged; commutes with RoPE: scaled rotations on rotary pairs" if rope else "q k^T is unchanged")
-        + (", full on the other dims" if rope and s.rotary_dims < dh else "")
-        + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
+        r.qk, QK_MAP, "invertible", dh, batch=(nkv,), constraints=rope + clip + (("qk_norm",) if s.qk_norm else ()),
+        layer=i, rotary_dims=s.rotary_dims, rotary_layout=s.rotary_layout, indexed_by=r.heads,
+        note=_qk_note(s) + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
     )
     groups[r.ov] = G.Group(
         r.ov, OV_MAP, "invertible", dh, batch=(nkv,), constraints=clip, layer=i, indexed_by=r.heads,
@@ -218,6 +216,20 @@ def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
     if s.gated:
         groups[r.glu] = G.Group(r.glu, GLU_SCALE, "diagonal", s.d_mlp, layer=i, indexed_by=r.ffn,
                                      note="act(gate) * up is linear in up")
+
+
+def _qk_note(s: ModelShape) -> str:
+    """Why the QK map has its form (`symmerge inspect`)."""
+    if s.qk_norm:
+        where = "each head's q and k over d_head" if s.qk_norm == "head" else "q and k over all heads at once"
+        return (f"q k^T is unchanged; an RMSNorm with weights on {where} (QK-norm) before RoPE: the map must "
+                "be orthogonal, and commute with RoPE after conjugation by the norm weights; for generic "
+                "weights only a sign on each rotary pair (a half turn) and on each other dim survives "
+                "(equal weights on a pair would admit any rotation of it: a property of the weights, not used)")
+    if not s.rotary_dims:
+        return "q k^T is unchanged"
+    return ("q k^T is unchanged; commutes with RoPE: scaled rotations on rotary pairs"
+            + (", full on the other dims" if s.rotary_dims < s.d_head else ""))
 
 
 def _residual_actions(s: ModelShape, axis: int, reader: bool, scaled: bool = True) -> list[Action]:
@@ -234,13 +246,15 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     H, QH, QK, OV, FFN, GLU = astuple(_layer_names(i))
     qh = [Action(QH, 1, "g", (0,))] if s.q_per_kv > 1 else []
     glu = [Action(GLU, 0, "g")] if s.gated else []
+    # QK-norm shares the config's eps: under the residual scale (eps -> a^2 eps) q and k must scale by a too
+    qk = [Action(SCALE, 0, "g")] if s.qk_norm and s.eps_in_config else []
     a = {
         # W_Q: [n_kv, q_per_kv, d_head, d_model]   b_Q: [n_kv, q_per_kv, d_head]
-        f"{p}.attn.W_Q": _residual_actions(s, 3, True) + [Action(H, 0), Action(QK, 2, "g", (0,))] + qh,
-        f"{p}.attn.b_Q": [Action(H, 0), Action(QK, 2, "g", (0,))] + qh,
+        f"{p}.attn.W_Q": _residual_actions(s, 3, True) + [Action(H, 0), Action(QK, 2, "g", (0,))] + qh + qk,
+        f"{p}.attn.b_Q": [Action(H, 0), Action(QK, 2, "g", (0,))] + qh + qk,
         # W_K, W_V: [n_kv, d_head, d_model]   b_K, b_V: [n_kv, d_head]
-        f"{p}.attn.W_K": _residual_actions(s, 2, True) + [Action(H, 0), Action(QK, 1, "inv_t", (0,))],
-        f"{p}.attn.b_K": [Action(H, 0), Action(QK, 1, "inv_t", (0,))],
+        f"{p}.attn.W_K": _residual_actions(s, 2, True) + [Action(H, 0), Action(QK, 1, "inv_t", (0,))] + qk,
+        f"{p}.attn.b_K": [Action(H, 0), Action(QK, 1, "inv_t", (0,))] + qk,
         f"{p}.attn.W_V": _residual_actions(s, 2, True) + [Action(H, 0), Action(OV, 1, "g", (0,))],
         f"{p}.attn.b_V": [Action(H, 0), Action(OV, 1, "g", (0,))],
         # W_O: [n_kv, q_per_kv, d_model, d_head]   b_O: [d_model]
@@ -256,6 +270,9 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
         + ([Action(GLU, 1, "inv_t")] if s.gated else []),
         f"{p}.mlp.b_out": _residual_actions(s, 0, False),
     }
+    if s.qk_norm == "head":
+        # g_Q, g_K: [d_head], the QK-norm weights shared by the heads: the signs and head permutations leave them
+        a.update({f"{p}.attn.g_Q": [], f"{p}.attn.g_K": []})
     return a
 
 
@@ -279,6 +296,8 @@ def build_spec(s: ModelShape) -> Spec:
         _block_groups(s, i, groups)
     if s.clip_qkv is not None:
         notes.append(f"clip_qkv={s.clip_qkv}: QK and OV maps restricted to signed permutations (quarter turns on rotary pairs)")
+    if s.qk_norm and s.eps_in_config:
+        notes.append("QK-norm reads the config's eps: the residual scale a (eps -> a^2 eps) scales q and k by a too")
     if s.centred:
         notes.append("LayerNorm model: every writer is made mean-free and the rotation fixes the all-ones vector")
     if s.tied:

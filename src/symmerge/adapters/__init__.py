@@ -8,10 +8,11 @@ from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
 from .olmo import OlmoAdapter
+from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), OlmoAdapter(), ViTAdapter()):
+for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), OlmoAdapter(), Qwen3Adapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 
@@ -22,7 +23,6 @@ BROKEN = {
     "Olmo3ForCausalLM": "OLMo-3 uses post-norms and QK-norm: the residual rotation and QK maps are not symmetries",
     "BertForMaskedLM": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
     "BertModel": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
-    "Qwen3ForCausalLM": "Qwen3 applies RMSNorm to each head's q and k (QK-norm): QK maps must be orthogonal and commute with RoPE",
     "GemmaForCausalLM": "Gemma scales embeddings by sqrt(d_model) and ties them to the head; not supported yet",
 }
 

@@ -29,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=at_least(0), default=None, help="linear warmup steps (default: the preset's)")
     p.add_argument("--save-every", type=at_least(1), default=None, help="save the resumable state every N steps")
     for flag, what in (("--d-model", "residual width"), ("--layers", "number of blocks"), ("--heads", "attention heads"),
-                       ("--kv-heads", "key/value heads (llama)"), ("--d-mlp", "FFN width")):
+                       ("--kv-heads", "key/value heads (llama, qwen3)"), ("--d-mlp", "FFN width")):
         p.add_argument(flag, type=int, default=None, help=f"{what} (default: the preset's)")
     p.add_argument("--rotary-pct", type=float, default=None, help="neox: fraction of each head RoPE rotates (default 0.25)")
     p.add_argument("--parallel-residual", type=_on_off, default=None, metavar="on|off",

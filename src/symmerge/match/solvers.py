@@ -305,6 +305,18 @@ def _signed_map(group, xa, xb, ya, yb) -> torch.Tensor:
     return signed_permutation(xa @ t(xb) + ya @ t(yb))
 
 
+def pair_signs(group, xa, xb, ya, yb) -> torch.Tensor:
+    """QK-norm: the ±1 diagonal, equal on each rotary pair, maximising `<Xa, S Xb> + <Ya, S Yb>` (`S^{-T} = S`):
+    the objective is a sum over dimensions (over pairs, for the rotary ones), each maximised by its sign."""
+    c = (xa * xb).sum(-1) + (ya * yb).sum(-1)  # [*batch, n]: the gain of +1 on each dimension
+    if group.pairing is not None:
+        f, s = group.pairing.first, group.pairing.second
+        pair = c[..., f] + c[..., s]
+        c = c.clone()
+        c[..., f], c[..., s] = pair, pair
+    return torch.diag_embed(torch.where(c < 0, -1.0, 1.0).to(DTYPE))
+
+
 #: the solver each kind names (`kinds.Kind.solver`), for orthogonal groups given `c` ...
 ROTATION_SOLVERS = {
     "procrustes": procrustes,
@@ -317,6 +329,7 @@ MAP_SOLVERS = {
     "rope_lstsq": rope_lstsq,
     "signed_permutation": _signed_map,
     "signed_rope": signed_rope,
+    "pair_signs": pair_signs,
 }
 
 
