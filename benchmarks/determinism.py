@@ -1,13 +1,16 @@
 """Determinism of symmerge's commands: the same command on the same inputs, run again in a fresh
 process, at the same and at another thread count; which output bytes differ.
 
-Runs, each in its own process with OMP_NUM_THREADS=T: train A and B (char GPT-2s on `--data`),
-align B to A by weight, activation and dual (short) matching, merge A and B, interpolate A with the
-weight-aligned B. `fingerprint` hashes every output file; JSON files are hashed without their
+Runs, each in its own process with OMP_NUM_THREADS=T, per architecture of `--archs`: train A and B
+(tiny presets; language models on `--data`, ViTs on scikit-learn's digits), align B to A by weight,
+activation, learned and dual (short) matching, merge A and B, interpolate A with the weight-aligned B,
+and weight-match a tie-prone pair (A with a duplicated FFN unit, against itself under a random element). `fingerprint` hashes every output file; JSON files are hashed without their
 timing fields (`TIMING`), which legitimately change from run to run. The inputs of every later step
 are those of the first series (the 1-thread run), so a difference is the step's own.
 
     PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --threads 1,1,2
+    PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --threads 1,2 \
+        --archs gpt2,neox,llama,olmo,vit --json benchmarks/results/determinism_threads.json
 
 prints, per step and output, whether each series gives the bytes of the first. Across installations
 (a fresh clone in a fresh virtual environment, another machine): `--record FILE` writes the first
@@ -60,22 +63,50 @@ def fingerprint(path: Path, roots: tuple = ()) -> dict[str, str]:
     return out
 
 
-def steps(root: Path, inputs: Path, data: str, train_steps: int, learn_steps: int) -> dict[str, list[str]]:
-    """name -> argv of `symmerge`; each writes root/name (and root/name.json where it reports)."""
+def steps(root: Path, inputs: Path, data: str, train_steps: int, learn_steps: int, arch: str = "gpt2"
+          ) -> dict[str, list[str]]:
+    """name -> argv of `symmerge`; each writes root/name (and root/name.json where it reports). `arch`: the
+    architecture trained (vit: on scikit-learn's digits, whatever `data` says). The tie-prone pair: A with
+    its first FFN unit copied onto its second in every layer (`duplicate_unit`, made in-process), and that
+    model under a random element (`transform --seed 3`); weight matching must choose between two units no
+    cost can tell apart."""
     a, b = inputs / "train-a", inputs / "train-b"
-    train = ["train", "--arch", "gpt2", "--preset", "tiny", "--data", data, "--steps", str(train_steps)]
+    data = "digits" if arch == "vit" else data
+    train = ["train", "--arch", arch, "--preset", "tiny", "--data", data, "--steps", str(train_steps)]
+    learn = ["--data", data, "--steps", str(learn_steps), "--eval-every", str(max(1, learn_steps // 2)),
+             "--val-batches", "2"]
     return {
         "train-a": [*train, "--seed", "0", "-o", str(root / "train-a")],
         "train-b": [*train, "--seed", "1", "-o", str(root / "train-b")],
         "align-weight": ["align", str(a), str(b), "-o", str(root / "align-weight"), "--json", str(root / "align-weight.json")],
         "align-activation": ["align", str(a), str(b), "-o", str(root / "align-activation"), "--method", "activation",
                              "--data", data, "--json", str(root / "align-activation.json")],
-        "align-dual": ["align", str(a), str(b), "-o", str(root / "align-dual"), "--method", "dual", "--data", data,
-                       "--steps", str(learn_steps), "--eval-every", str(max(1, learn_steps // 2)), "--val-batches", "2",
+        "align-learned": ["align", str(a), str(b), "-o", str(root / "align-learned"), "--method", "learned", *learn,
+                          "--json", str(root / "align-learned.json")],
+        "align-dual": ["align", str(a), str(b), "-o", str(root / "align-dual"), "--method", "dual", *learn,
                        "--json", str(root / "align-dual.json")],
         "merge": ["merge", str(a), str(b), "-o", str(root / "merge"), "--json", str(root / "merge.json")],
         "interpolate": ["interpolate", str(a), str(inputs / "align-weight"), "--lam", "0.5", "-o", str(root / "interpolate")],
+        "tie-transform": ["transform", str(inputs / "tie-a"), "-o", str(root / "tie-transform"), "--seed", "3"],
+        "align-tie": ["align", str(inputs / "tie-a"), str(inputs / "tie-transform"), "-o", str(root / "align-tie"),
+                      "--json", str(root / "align-tie.json")],
     }
+
+
+def duplicate_unit(src: Path, dst: Path) -> None:
+    """`src` with FFN unit 0's input row and output column copied onto unit 1 in every layer (any architecture
+    symmerge reads: through its canonical form), written as a stock checkpoint."""
+    from symmerge.model import load_model, save_model
+
+    model = load_model(src)
+    params = dict(model.params)
+    ffn = {model.spec.layer_roles(i).ffn for i in range(model.shape.n_layers)}
+    for name, acts in model.spec.actions.items():
+        for act in (a for a in acts if a.group in ffn and name in params):
+            t = params[name].clone()
+            t.select(act.axis, 1).copy_(t.select(act.axis, 0))
+            params[name] = t
+    save_model(model, params, dst)
 
 
 def in_fresh_process(threads: int):
@@ -85,13 +116,16 @@ def in_fresh_process(threads: int):
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run_series(root: Path, inputs: Path | None, run, data: str, train_steps: int, learn_steps: int) -> dict:
+def run_series(root: Path, inputs: Path | None, run, data: str, train_steps: int, learn_steps: int,
+               arch: str = "gpt2") -> dict:
     """Every step through `run(argv)`; {step: fingerprint of its outputs}. `inputs`: the series whose
     trained and aligned models the later steps read (None: this one)."""
     root.mkdir(parents=True, exist_ok=True)
     inputs = inputs or root
     found = {}
-    for name, argv in steps(root, inputs, data, train_steps, learn_steps).items():
+    for name, argv in steps(root, inputs, data, train_steps, learn_steps, arch).items():
+        if name == "tie-transform" and inputs == root:
+            duplicate_unit(root / "train-a", root / "tie-a")
         run(argv)
         found[name] = fingerprint(root / name, (root, inputs))
         if (root / f"{name}.json").is_file():
@@ -160,6 +194,8 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--learn-steps", type=int, default=20)
     ap.add_argument("--root", default="/tmp/symmerge-determinism")
+    ap.add_argument("--archs", default="gpt2", help="comma-separated architectures trained (gpt2, neox, llama, olmo, vit)")
+    ap.add_argument("--json", default=None, help="write every series' comparison, with the provenance, to this JSON file")
     ap.add_argument("--record", default=None, help="write the first series' digests and settings to this JSON file")
     ap.add_argument("--check", default=None, help="run one series with this record's settings and compare its digests")
     args = ap.parse_args()
@@ -168,17 +204,28 @@ def main() -> None:
     if args.check:
         raise SystemExit(check(Path(args.check), root, args.data))
     series = [int(t) for t in args.threads.split(",")]
-    first = run_series(root / "0", None, in_fresh_process(series[0]), args.data, args.train_steps, args.learn_steps)
-    if args.record:
-        settings = {"threads": series[0], "train_steps": args.train_steps, "learn_steps": args.learn_steps}
-        Path(args.record).write_text(json.dumps({**provenance(), **settings, "steps": first}, indent=1) + "\n")
-    for i, t in enumerate(series[1:], start=1):
-        other = run_series(root / str(i), root / "0", in_fresh_process(t), args.data, args.train_steps, args.learn_steps)
-        diff = compare(first, other)
-        print(f"series {i} ({t} threads) against series 0 ({series[0]} threads):")
-        for step, files in diff.items():
-            print(f"  {step:<17} {'identical' if not files else 'differs: ' + ', '.join(files)}")
-
+    results = {}
+    for arch in args.archs.split(","):
+        base = root / arch
+        first = run_series(base / "0", None, in_fresh_process(series[0]), args.data, args.train_steps,
+                           args.learn_steps, arch)
+        if args.record and arch == "gpt2":
+            settings = {"threads": series[0], "train_steps": args.train_steps, "learn_steps": args.learn_steps}
+            Path(args.record).write_text(json.dumps({**provenance(), **settings, "steps": first}, indent=1) + "\n")
+        results[arch] = []
+        for i, t in enumerate(series[1:], start=1):
+            other = run_series(base / str(i), base / "0", in_fresh_process(t), args.data, args.train_steps,
+                               args.learn_steps, arch)
+            diff = compare(first, other)
+            results[arch].append({"threads": t, "against_threads": series[0], "differs": diff})
+            print(f"{arch}: series {i} ({t} threads) against series 0 ({series[0]} threads):", flush=True)
+            for step, files in diff.items():
+                print(f"  {step:<17} {'identical' if not files else 'differs: ' + ', '.join(files)}", flush=True)
+    if args.json:
+        out = {"benchmark": "determinism", "command": " ".join(["python", *sys.argv]), **provenance(),
+               "settings": {"threads": series, "train_steps": args.train_steps, "learn_steps": args.learn_steps},
+               "results": results}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 
 if __name__ == "__main__":
     main()

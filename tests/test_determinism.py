@@ -1,7 +1,8 @@
 """The same command on the same inputs, at the same thread count, writes the same bytes: train, align
-(weight, activation, dual), merge and interpolate, each run twice (`benchmarks/determinism.py`'s
-steps, here in-process on tiny models). JSON is compared without its timing fields; everything else
-byte for byte. Across thread counts the outputs may differ (measured, not asserted: see the README).
+(weight, activation, learned, dual, and weight on a tie-prone pair), merge and interpolate, each run twice
+(`benchmarks/determinism.py`'s steps, here in-process on tiny models). JSON is compared without its timing
+fields; everything else byte for byte. Across thread counts weight matching's outputs are identical too
+(`test_thread_count.py`); the others are measured by the benchmark (see the README).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def test_every_command_twice_gives_identical_bytes(tmp_path):
     data.write_text(TEXT * 6)
     first = run_series(tmp_path / "0", None, _run, str(data), 4, 2)
     again = run_series(tmp_path / "1", tmp_path / "0", _run, str(data), 4, 2)
-    assert set(first) == {"train-a", "train-b", "align-weight", "align-activation", "align-dual", "merge", "interpolate"}
+    assert set(first) == {"train-a", "train-b", "align-weight", "align-activation", "align-learned", "align-dual", "merge",
+                          "interpolate", "tie-transform", "align-tie"}
     assert all(any(f.endswith(".safetensors") for f in files) for files in first.values()), first
     assert compare(first, again) == {s: [] for s in first}
     # negative control: the fingerprint sees a difference of weights (another seed) and of reports

@@ -19,6 +19,7 @@ from .gauge import export_part, tied_scale
 from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
 from .model import LazyModel, keep_expected
 from .progress import tqdm
+from .threads import one_thread
 
 Params = dict[str, torch.Tensor]
 
@@ -30,7 +31,14 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
     """Export `transform(part)` for each part of `model` (ends, then each block) as a stock checkpoint,
     in the norm gauge of a reference if `gauge` is given (`gauge.py`), else in canonical form; `side`:
     more files (name -> text) written into OUT. `into`: an empty folder the caller made (the temporary
-    folder of a write it commits, `io.AtomicFolders`), written directly, `out` then only named."""
+    folder of a write it commits, `io.AtomicFolders`), written directly, `out` then only named.
+    The parts are transformed and exported on one thread (`threads.one_thread`): the written bytes do not
+    depend on the thread count."""
+    with one_thread():
+        return _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes, progress, gauge, side, into)
+
+
+def _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes, progress, gauge, side, into) -> Path:
     out = prepare_output(out, force) if into is None else Path(out)
     dtype = dtype or model.dtype
     ends = transform(model.ends())

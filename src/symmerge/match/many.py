@@ -52,6 +52,7 @@ from .. import groups as G
 from ..apply import apply
 from ..model import part_keys
 from ..spec import Spec
+from ..threads import one_thread
 from .part_cache import PartCache
 from .residual import sqdist, sqnorm
 from .weight import weight_match
@@ -247,7 +248,8 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
         return Step(res.g, time.perf_counter() - t0, gain, len(res.history) - 1)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
-    return rounds(len(srcs), value_of, match, identity, max_rounds, seed, tol, progress)
+    with one_thread():  # the objectives and means too: the rounds' choices do not depend on the thread count
+        return rounds(len(srcs), value_of, match, identity, max_rounds, seed, tol, progress)
 
 
 # --- activation matching of many models -------------------------------------------------------------------

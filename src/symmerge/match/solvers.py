@@ -35,12 +35,13 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones
+from . import near_ties
 from .weight_products import on_device
 
 
 def linear_assignment(score: torch.Tensor) -> torch.Tensor:
     """`p` (int64 `[n]`) maximising `sum_i score[i, p[i]]` over permutations."""
-    return assignment_minimising(minimising_costs(score))
+    return assignment_minimising(minimising_costs(score), torch.finfo(score.dtype).eps)
 
 
 def minimising_costs(score: torch.Tensor) -> np.ndarray:
@@ -52,11 +53,15 @@ def minimising_costs(score: torch.Tensor) -> np.ndarray:
     return cost.neg_().cpu().numpy()  # a CPU tensor already: .cpu() returns it, no copy
 
 
-def assignment_minimising(cost: np.ndarray) -> torch.Tensor:
-    """`p` (int64 `[n]`) minimising `sum_i cost[i, p[i]]` (float64 `cost`, C-contiguous: solved in place)."""
+def assignment_minimising(cost: np.ndarray, eps: float = float(np.finfo(np.float64).eps)) -> torch.Tensor:
+    """`p` (int64 `[n]`) minimising `sum_i cost[i, p[i]]` (float64 `cost`, C-contiguous: solved without a copy).
+    Inside `near_ties.recording()` the choice's margin is recorded, `eps` being the machine epsilon of the
+    numbers the costs were computed in."""
     rows, cols = linear_sum_assignment(cost)
     p = np.empty(len(rows), dtype=np.int64)
     p[rows] = cols
+    if near_ties.active():
+        near_ties.note("assignment", near_ties.swap_margin(cost, p), eps)
     return torch.from_numpy(p)
 
 

@@ -53,6 +53,7 @@ import torch
 from .. import groups as G
 from ..spec import Spec
 from ..threads import one_thread
+from . import near_ties
 from .residual import ROTATION, SCALE
 from .weight_stream import StreamRun, sources
 
@@ -99,12 +100,16 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
     Thread count: the whole computation runs under `threads.one_thread`, so the element, the history and
     every discrete choice are bit for bit the same at any thread count and any `workers` on one machine
     and torch build (not across CPU models or builds, nor between the CPU and a GPU `device`, whose
-    products sum in another order).
+    products sum in another order). `extra["near_ties"]`: how many discrete choices were decided by a margin
+    within rounding error, and the smallest margins (`near_ties`): where they are many, another machine
+    may find another element.
     """
-    with one_thread() as threads:
+    with one_thread() as threads, near_ties.recording() as ties:
         workers = workers or min(threads, MAX_AUTO_WORKERS)
-        return _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,
-                             workers)
+        res = _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,
+                            workers)
+    res.extra["near_ties"] = ties.report()
+    return res
 
 
 def _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,

@@ -10,6 +10,7 @@ import torch
 
 from ..apply import apply
 from ..spec import Spec
+from . import near_ties
 from .residual import sqdist, sqnorm
 
 
@@ -55,11 +56,28 @@ class State:
         if not all(math.isfinite(v) for v in new.values()):
             return False
         judge = names if judge is None else [n for n in names if n in judge]
-        if math.fsum(new[n] for n in judge) < math.fsum(self.terms[n] for n in judge):
+        after, before = math.fsum(new[n] for n in judge), math.fsum(self.terms[n] for n in judge)
+        if near_ties.active() and self._changes(candidate):
+            near_ties.note("acceptance", abs(before - after) / max(before, _TINY), _eps(self.A))
+        if after < before:
             self.g = candidate
             self.terms.update(new)
             return True
         return False
+
+
+    def _changes(self, candidate: dict) -> bool:
+        """Whether `candidate` differs from the current element (only then is its acceptance a choice)."""
+        return any(v is not self.g.get(k) and not torch.equal(v, self.g[k]) if k in self.g else True
+                   for k, v in candidate.items())
+
+
+_TINY = float(torch.finfo(torch.float64).tiny)
+
+
+def _eps(params: dict) -> float:
+    """Machine epsilon of the algebra (the dtype of the tensors whose distances are compared)."""
+    return float(torch.finfo(next(iter(params.values())).dtype).eps)
 
 
 def without(g: dict, names) -> dict:

@@ -75,8 +75,9 @@ def _solve_permutation(st: State, name: str, allowed) -> dict:
     del bp  # memory: at 7B shape the FFN tensors moved (0.5 GiB), the cost (0.5 GiB) and its float64 form (0.9 GiB)
     lead = s.shape[:-1]
     cost = [minimising_costs(m) for m in s.reshape(-1, *s.shape[-2:])]
+    eps = torch.finfo(s.dtype).eps
     del s  # the assignments hold only the float64 costs
-    p = torch.stack([assignment_minimising(c) for c in cost]).reshape(lead)
+    p = torch.stack([assignment_minimising(c, eps) for c in cost]).reshape(lead)
     return {**st.g, name: p}
 
 

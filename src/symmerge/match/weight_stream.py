@@ -12,6 +12,7 @@ starting element, which is what the starting objective needs.
 
 from __future__ import annotations
 
+import contextvars
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -141,7 +142,9 @@ class StreamRun:
                     self._finish_future(pending.popleft(), fit)
                     done()
                 pa, pb = self._read(key)
-                pending.append((key, pa, pb, pool.submit(self._solve, key, pa, pb, first, self._block_g(key))))
+                context = contextvars.copy_context()  # the caller's `near_ties.recording()` reaches the worker
+                pending.append((key, pa, pb, pool.submit(context.run, self._solve, key, pa, pb, first,
+                                                         self._block_g(key))))
             while pending:
                 self._finish_future(pending.popleft(), fit)
                 done()
