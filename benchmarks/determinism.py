@@ -3,10 +3,11 @@ process, at the same and at another thread count; which output bytes differ.
 
 Runs, each in its own process with OMP_NUM_THREADS=T, per architecture of `--archs`: train A and B
 (tiny presets; language models on `--data`, ViTs on scikit-learn's digits), align B to A by weight,
-activation, learned and dual (short) matching, merge A and B, interpolate A with the weight-aligned B,
-and weight-match a tie-prone pair (A with a duplicated FFN unit, against itself under a random element). `fingerprint` hashes every output file; JSON files are hashed without their
-timing fields (`TIMING`), which legitimately change from run to run. The inputs of every later step
-are those of the first series (the 1-thread run), so a difference is the step's own.
+activation, learned and dual (short) matching, merge A and B, interpolate A with the weight-aligned
+B, and weight-match a tie-prone pair (A with a duplicated FFN unit, against itself under a random
+element). `fingerprint` hashes every output file; JSON files are hashed without their timing fields
+(`TIMING`), which legitimately change from run to run. The inputs of every later step are those of the
+first series (the 1-thread run), so a difference is the step's own.
 
     PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --threads 1,1,2
     PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --threads 1,2 \

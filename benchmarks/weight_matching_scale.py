@@ -172,7 +172,8 @@ def main() -> None:
     n = sum(t.numel() for k in ("embed", "final") for t in a.part(k).values()) + a.shape.n_layers * sum(
         t.numel() for t in a.part(0).values())
     print(f"{args.shape}: {a.shape.n_layers} layers, d={a.shape.d_model}, d_mlp={a.shape.d_mlp}, {n / 1e6:.0f}M "
-          f"canonical parameters, {args.precision} algebra, cost products {args.cost_products}, {args.threads} threads, {args.workers} worker(s), "
+          f"canonical parameters, {args.precision} algebra, cost products {args.cost_products}, {args.threads} threads, "
+          f"{args.workers} worker(s), "
           f"groups {','.join(fams)}")
     print(f"start pass {sweep_start - log[0][1]:.1f}s; {sweeps} sweep(s): {per_sweep:.1f}s per sweep (process CPU "
           f"{cpu_per_sweep:.1f}s: less than the wall time when other jobs share the cores)")

@@ -20,12 +20,13 @@ import transformers as T
 from checks import assert_same_function
 from factories import make_model, save_model
 from symmerge.apply import apply
-from symmerge.barrier_many import dirichlet, many_barrier
+from symmerge.barrier_many import many_barrier
 from symmerge.cli import main
 from symmerge.data import load_batches
 from symmerge.match.many import objective, weight_match_many
 from symmerge.model import load_model
 from symmerge.model import save_model as save_canonical
+from symmerge.simplex import dirichlet
 from symmerge.spec import random_element
 from symmerge.train import TrainArgs, train
 

@@ -29,6 +29,7 @@ from .barrier import summarise
 from .evaluate import StockForward
 from .model import Model
 from .progress import tqdm
+from .simplex import check_weights, dirichlet
 
 
 def mix(models: list[Model], alpha: list[float]) -> dict[str, torch.Tensor]:
@@ -39,13 +40,6 @@ def mix(models: list[Model], alpha: list[float]) -> dict[str, torch.Tensor]:
     return {k: sum(a * m.params[k] for a, m in zip(alpha, models) if a != 0.0) for k in models[0].params}
 
 
-def dirichlet(n: int, k: int, seed: int) -> list[list[float]]:
-    """`k` points drawn uniformly on the simplex of `n` vertices (Dirichlet(1, ..., 1)), seeded."""
-    gen = torch.Generator().manual_seed(seed)
-    e = -torch.log(torch.rand(k, n, generator=gen, dtype=torch.float64).clamp_min(1e-300))
-    return (e / e.sum(1, keepdim=True)).tolist()
-
-
 def _line(alpha, values) -> float:
     return math.fsum(a * v for a, v in zip(alpha, values))
 
@@ -54,11 +48,11 @@ def many_barrier(models: list[Model], batches: list[dict], weights: list[float] 
                  simplex_points: int = 16, seed: int = 0, progress: bool = True, dtype=None, device=None) -> dict:
     """The figures of the module docstring, with each pair's curve and each simplex point's values (the
     forward in `dtype` on `device`, as `StockForward`'s)."""
-    from .merge_many import check_models, check_weights
+    from .expand import widest_many
 
     n = len(models)
     w = check_weights(weights, n)
-    models, _ = check_models(models, [str(m.path) for m in models])  # mixed widths: expanded into the widest
+    models, _ = widest_many(models, [str(m.path) for m in models])  # mixed widths: expanded into the widest
     ev = StockForward(models[0], dtype, device)
     start = time.perf_counter()
     bar = tqdm(total=n + 1 + n * (n - 1) // 2 * (points - 2) + simplex_points, desc="barrier", disable=not progress)

@@ -13,7 +13,6 @@ to `aligned/<i>` (1-based, in the order given), written as one unit (`atomic.Ato
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -23,35 +22,7 @@ from .apply import apply
 from .io import AtomicFolders
 from .match import registry
 from .match.many import MeanParts
-
-#: how far from 1 the weights' sum may be (they are written in decimal on the command line)
-WEIGHT_SUM_TOL = 1e-6
-
-
-def check_weights(weights: list[float] | None, n: int) -> list[float]:
-    """One non-negative weight per model, summing to 1 (default: uniform); returned as floats."""
-    if n < 2:
-        raise SymmergeError(f"merging needs at least two models, got {n}")
-    if weights is None:
-        return [1.0 / n] * n
-    w = [float(x) for x in weights]
-    if len(w) != n:
-        raise SymmergeError(f"{len(w)} weights for {n} models; give one weight per model")
-    if not all(math.isfinite(x) for x in w) or any(x < 0 for x in w):
-        raise SymmergeError(f"weights {w} must be finite and non-negative")
-    if abs(math.fsum(w) - 1.0) > WEIGHT_SUM_TOL:
-        raise SymmergeError(f"weights {w} sum to {math.fsum(w):g}, not 1")
-    return w
-
-
-def parse_weights(text: str | None) -> list[float] | None:
-    """`w1,w2,...` from the command line (None: uniform)."""
-    if text is None:
-        return None
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise SymmergeError(f"--weights {text!r}: give comma-separated numbers, e.g. 0.5,0.25,0.25") from None
+from .simplex import check_weights
 
 
 def check_models(models: list, names: list[str]) -> tuple[list, int]:

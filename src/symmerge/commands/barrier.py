@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import devices
-from .checks import at_least, check_plot_file, check_report_file, seed
+from ..values import at_least, seed
+from .checks import check_plot_file, check_report_file
 
 
 def add_data_args(p, split_default: str = "test") -> None:

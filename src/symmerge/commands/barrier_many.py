@@ -10,7 +10,7 @@ from .checks import check_plot_file, check_report_file
 
 def check(args) -> list[float]:
     """Refuse bad options before any model is read; returns the weights."""
-    from ..merge_many import check_weights, parse_weights
+    from ..simplex import check_weights, parse_weights
 
     n = len(args.models)
     weights = check_weights(parse_weights(args.weights), n)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import devices
-from .checks import at_least, seed
+from ..values import at_least, seed
 
 
 def register(sub) -> None:

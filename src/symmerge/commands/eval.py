@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from .. import devices
-from .checks import at_least, check_report_file
+from ..values import at_least
+from .checks import check_report_file
 
 
 def register(sub) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..values import finite_float
 from . import out_dtype
-from .checks import finite_float
 
 
 def register(sub) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from .. import SymmergeError, devices
 from ..match import registry
 from ..spec import FAMILIES
+from ..values import at_least
 from . import out_dtype
 from .align import add_option
-from .checks import at_least, check_report_file
+from .checks import check_report_file
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here)
 LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches", "recompute")
@@ -61,8 +62,9 @@ def load_data(args, matcher, opts):
 
 
 def run(args) -> int:
-    from ..merge_many import merge_models, parse_weights
+    from ..merge_many import merge_models
     from ..report import write
+    from ..simplex import parse_weights
 
     check_report_file(args.json, "--json", [args.out, args.aligned])
     matcher = registry.get(args.method)
@@ -79,7 +81,7 @@ def run(args) -> int:
         families = parse_groups(args.groups)
     opts = registry.many_options_for(args.method, vars(args))
     weights = parse_weights(args.weights)
-    from ..merge_many import check_weights
+    from ..simplex import check_weights
 
     check_weights(weights, len(args.models))  # before the data is read
     data = load_data(args, matcher, opts)

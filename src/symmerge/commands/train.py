@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import devices
 from ..presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
-from .checks import at_least, positive_float, seed
+from ..values import at_least, positive_float, seed
 
 
 def _on_off(text: str) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..spec import FAMILIES
+from ..values import at_least, seed
 from . import out_dtype
-from .checks import at_least, seed
 
 
 def register(sub) -> None:

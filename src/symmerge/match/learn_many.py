@@ -198,7 +198,7 @@ def _excess(losses: list[float], ends: list[float], points: list[list[float]]) -
 def learn_many(models: list, weights: list[float], train: list[dict], val: list[dict], cfg: LearnConfig,
                init: list[dict] | None = None, val_points: int = 4) -> ManyLearnResult:
     """Run learned or dual matching of many models (module docstring); the elements and a JSON-able report."""
-    from ..barrier_many import dirichlet
+    from ..simplex import dirichlet
 
     if not train or not val:
         raise SymmergeError(f"{cfg.method} merging needs training and validation batches (--data)")

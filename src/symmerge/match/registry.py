@@ -31,8 +31,8 @@ from typing import Callable
 import torch
 
 from .. import SymmergeError
-from ..commands.checks import argument_type, at_least, seed
 from ..model import Model
+from ..values import argument_type, at_least, seed
 from .blockwise import RECOMPUTE
 from .learn_config import (
     BATCH_TOKENS,

@@ -57,7 +57,6 @@ from . import near_ties
 from .residual import ROTATION, SCALE
 from .weight_stream import StreamRun, sources
 
-
 #: blocks solved at once when `weight_match(workers=0)`: at most this many, however many threads there are
 MAX_AUTO_WORKERS = 4
 
