@@ -11,6 +11,7 @@ commands, and the cleaning of what a kill leaves, are in `test_kill.py`.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -469,6 +470,42 @@ def test_bad_input_is_refused_with_one_line(case, ctx, capsys, monkeypatch):
     assert err[-1].startswith(("symmerge ", "usage:")) or ": error: " in err[-1], err[-1]
     for o in (out, out.with_name(out.name + "-aligned")):
         assert not o.exists() and not leftovers(o), f"output or temporary folder left behind: {o}"
+    assert {k: digest(ctx[k]) for k in inputs} == inputs, "an input was modified"
+
+
+#: a narrower first input (A narrower than B) for every command that takes two widths: handled, not refused.
+#: The narrower is expanded into the wider one's config; every output is a checkpoint of that config.
+NARROW_FIRST = [
+    ("align-narrow-first", lambda c, o: ["align", _p(c, "a"), _p(c, "wide"), "-o", o]),
+    ("align-activation-narrow-first", lambda c, o: ["align", _p(c, "a"), _p(c, "wide"), "-o", o, "--method",
+                                                    "activation", "--data", _p(c, "text"), "--max-batches", "1"]),
+    *[(f"align-{m}-narrow-first", lambda c, o, m=m: ["align", _p(c, "a"), _p(c, "wide"), "-o", o, "--method", m,
+                                                     "--data", _p(c, "text"), "--recipe", "quick", "--steps", "2"])
+      for m in ("learned", "dual")],
+    ("interpolate-narrow-first", lambda c, o: ["interpolate", _p(c, "a"), _p(c, "wide"), "--lam", "0.5", "-o", o]),
+    ("barrier-narrow-first", lambda c, o: ["barrier", _p(c, "a"), _p(c, "wide"), "--data", _p(c, "text"), "--points",
+                                           "3", "--max-batches", "1"]),
+    ("merge-narrow-first", lambda c, o: ["merge", _p(c, "a"), _p(c, "wide"), "-o", o, "--aligned", o + "-aligned"]),
+    ("barrier3-narrow-first", lambda c, o: ["barrier", _p(c, "a"), _p(c, "wide"), _p(c, "b"), "--data", _p(c, "text"),
+                                            "--max-batches", "1", "--simplex-points", "2"]),
+]
+
+
+@pytest.mark.parametrize("case", NARROW_FIRST, ids=[c[0] for c in NARROW_FIRST])
+def test_a_narrower_first_input_is_expanded(case, ctx, capsys):
+    name, argv_of = case
+    out = ctx["root"] / name
+    inputs = {k: digest(ctx[k]) for k in folders(ctx)}
+    capsys.readouterr()
+    code = main(argv_of(ctx, str(out)))
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err[-2000:]
+    written = [p.parent for p in [out, out.with_name(out.name + "-aligned")] if p.exists()
+               for p in p.rglob("config.json")]
+    assert bool(written) == (not name.startswith("barrier")), written
+    wide = json.loads((ctx["wide"] / "config.json").read_text())["n_embd"]
+    for folder in written:
+        assert json.loads((folder / "config.json").read_text())["n_embd"] == wide, folder
     assert {k: digest(ctx[k]) for k in inputs} == inputs, "an input was modified"
 
 

@@ -53,6 +53,24 @@ def test_align_mixed_widths_recovers_the_planted_wide_coordinates(planted, tmp_p
     assert rel_distance(expanded, wide) > 0.1  # without alignment it is not
 
 
+def test_align_narrow_first_writes_b_in_the_expanded_a(planted, tmp_path, capsys):
+    """NARROW first: A is expanded into B's config, and OUT is B in the coordinates and the norm gauge of A
+    so expanded (canonical form, as `symmerge expand` writes it): with B a planted element of that
+    expansion, OUT's stock tensors are the expansion's, norms included. Negative control: B's are not."""
+    arch, root = planted
+    out = tmp_path / "out"
+    assert main(["align", str(root / "narrow"), str(root / "wide"), "-o", str(out), "--method", "weight"]) == 0
+    assert "expanded into a wider config" in capsys.readouterr().err
+    got = stock(out)
+    assert got.config.hidden_size == _wide_config(arch).hidden_size
+    assert_same_function(got, stock(root / "wide"), example_inputs(arch), what="aligned WIDE vs WIDE")
+    expanded, wide = stock(root / "expanded").state_dict(), stock(root / "wide").state_dict()
+    written = got.state_dict()
+    assert rel_distance(written, expanded) < 1e-6  # A's expansion, tensor for tensor (its unit norms too)
+    assert rel_distance(wide, expanded) > 0.1
+    assert not (out / "mergekit.yml").exists()  # A itself is of another width: no average of A and OUT
+
+
 def test_interpolate_mixed_widths_expands_the_narrow_end(planted, tmp_path):
     arch, root = planted
     x = example_inputs(arch)

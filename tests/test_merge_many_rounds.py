@@ -71,6 +71,8 @@ def test_objective_exact_at_every_round_and_passes_counted(gpt2s, monkeypatch):
     # each later-round gain is the exact change of the objective (checked on the first leave-one-out match)
     i, keep, before, step = next(e for e in ends if len(e[1]) == 3)
     after = [*before[:i], step.g, *before[i + 1:]]
+    scales = res.extra["scale_gauge"]  # the matches see the models in one residual scale (`many.scale_gauge`)
+    before, after = (many_mod.with_scales(spec, e, scales) for e in (before, after))
     want = objective(spec, params, after, w) - objective(spec, params, before, w)
     assert step.gain == pytest.approx(want, rel=1e-9, abs=1e-13)
     # negative control: the same gain without the w_i (1 - w_i) factor is not the change

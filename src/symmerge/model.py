@@ -6,6 +6,7 @@ import copy
 import functools
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,12 +204,23 @@ def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str)
     return model.eval()
 
 
-def reference_gauge(reference):
+def reference_gauge(reference, like=None):
     """The norm gauge (`gauge.Gauge`) of the checkpoint folder or `LazyModel` `reference`, or None where it
-    cannot be used (see `gauge.Gauge.of`). Lives here so that gauge.py needs nothing of this module."""
+    cannot be used (see `gauge.Gauge.of`). Lives here so that gauge.py needs nothing of this module.
+
+    `like`: the model (in memory or lazy) the outputs are written as. Where its shape is not the reference's
+    own (the reference was expanded into a wider config, `expand.widest`), the reference's norms have the
+    narrow width and no gauge of it exists there but canonical form: None. Canonical form is the gauge of
+    the reference so expanded (`expand` folds its norms into the readers and writes unit norms)."""
     from .gauge import Gauge
 
-    return Gauge.of(reference if isinstance(reference, LazyModel) else LazyModel(reference))
+    ref = reference if isinstance(reference, LazyModel) else LazyModel(reference)
+    if like is not None and like.shape != ref.shape:
+        print(f"symmerge: {ref.path} is expanded into a wider config: writing the outputs in canonical form (unit "
+              "norm weights), the gauge in which `symmerge expand` writes it", file=sys.stderr)
+        ref.ckpt.close()
+        return None
+    return Gauge.of(ref)
 
 
 def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool = False, dtype=None,

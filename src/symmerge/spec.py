@@ -105,7 +105,8 @@ class Spec:
         (0.244 -> 0.504 there: `benchmarks/readme_figures.py --figures demo-scale`); learned, the scale
         lets the interpolation collapse onto one endpoint (the midpoint of A and c·B computes B's
         function as c grows, by scale invariance), which lowers the measured barrier without merging
-        anything. Name it (`--groups all`) to undo a planted scale."""
+        anything. Name it (`--groups all`) to undo a planted scale in `align`; `merge` undoes one without it,
+        by bringing the models to one eps first (`match.many.scale_gauge`)."""
         return [f for f in self.families() if f != RESIDUAL_SCALE]
 
     # --- role queries: what a group is for, asked instead of testing family names -----------------------

@@ -168,21 +168,25 @@ def align_streamed(args, matcher, families, opts, place):
         rep["device"] = str(place.device)
     g = result.elements["B"]
     dtype = out_dtype.resolve(args) or b.dtype
-    gauge, side = in_gauge_of(args.a, args.out, dtype)
+    gauge, side = in_gauge_of(args.a, args.out, dtype, a, rep)
     write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra={**b.meta, **_meta(rep)},
                     gauge=gauge, side=side, dtype=dtype)
     return rep
 
 
-def in_gauge_of(a, out, dtype):
+def in_gauge_of(a, out, dtype, like, rep: dict):
     """(gauge of A, side files) for an aligned output OUT: written in A's norm gauge, with a mergekit
-    config of the midpoint beside it; (None, {}) where A's gauge cannot be used (see `gauge.Gauge.of`)."""
+    config of the midpoint beside it; (None, {}) where A's gauge cannot be used (see `gauge.Gauge.of`), or
+    where A was expanded into B's wider config (`like`, A as matched, is not of A's shape): OUT is then in
+    canonical form, the gauge `symmerge expand A --like B` writes A in. `rep["gauge"]` says which."""
     from ..gauge import mergekit_base, side_files
     from ..model import reference_gauge
 
-    gauge = reference_gauge(a)
+    gauge = reference_gauge(a, like)
     if gauge is None:
+        rep["gauge"] = "canonical"
         return None, {}
+    rep["gauge"] = str(a)
     return gauge, side_files([a, out], mergekit_base(a, out), dtype)
 
 
@@ -196,7 +200,7 @@ def align_in_memory(args, matcher, families, opts, place):
     result = registry.align(matcher.name, a, b, families, data, opts, progress=True)
     rep = report(args, b, result, families)
     dtype = out_dtype.resolve(args) or b.dtype
-    gauge, side = in_gauge_of(args.a, args.out, dtype)
+    gauge, side = in_gauge_of(args.a, args.out, dtype, a, rep)
     save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep),
                gauge=gauge, side=side, dtype=dtype)
     return rep

@@ -26,6 +26,17 @@ new element is kept only if that gain is not negative, so the history never decr
 one improves the objective by at most `tol` relative (`ROUND_TOL` by default; the benchmarks'
 README shows what later rounds still change), or after `max_rounds`; `ManyResult.converged` says which.
 
+Residual scale: where the selection leaves the residual scale out (the default, `Spec.default_families`),
+the inputs are first brought to one normalisation eps, the first input's: model i's writers are multiplied
+by a_i = sqrt(eps_1 / eps_i) and its eps by a_i^2 (`scale_gauge`). The scale is an exact symmetry that moves
+the eps with it, so this picks one point of every model's scale orbit: a copy of model 1 at another scale
+(its eps moved with it) comes back to model 1's scale, while models of one eps are left as they are.
+Unmatched, such a copy would leave the mean short of model 1's function (an average of streams at
+different scales is not a rescaled stream, and the head maps absorb part of the scale, an OV map trading
+V against the scaled O); and every aligned model keeps one eps, so that their plain average is the mean.
+The element of model i carries a_i as its residual scale, and the objective is that of the elements so
+completed. A fitted scale (`--groups all`) is left to the matcher.
+
 Cost of a round: round 1's matches run as pairwise matchings; a later round's matches are bounded so that
 the round costs no more than round 1 per match (`later_match_bounds`: round 1's mean sweeps per match at most,
 and a sweep worth less than the stop rule's share of the round ends its match; before, each ran the pairwise
@@ -210,6 +221,42 @@ def later_match_bounds(g0, max_iters: int, state: dict, tol: float, n: int, pair
     return iters, (share * norm2 / pair_weight if pair_weight > 0 else math.inf)
 
 
+def scale_gauge(spec: Spec, sources: list, families: list[str] | None) -> list[float] | None:
+    """Each model's residual scale a_i = sqrt(eps_1 / eps_i), which brings every model to the first one's
+    normalisation eps (the scale moves the eps by a^2; module docstring); None where the spec has no residual
+    scale or the selection fits it. Models of one eps (independent models of one config) get a_i = 1."""
+    if not spec.residual_scales(spec.groups) or spec.includes_residual_scale(spec.select(families)):
+        return None
+    eps = [float(src.part("final")["norm.eps"]) for src in sources]
+    return [math.sqrt(eps[0] / e) if e > 0 and eps[0] > 0 else 1.0 for e in eps]
+
+
+def scale_element(spec: Spec, a: float) -> dict[str, torch.Tensor]:
+    """The element of the residual scale `a` alone."""
+    name = spec.residual_scales(spec.groups)[0]
+    return {name: G.identity(spec.groups[name]) * a}
+
+
+def with_scales(spec: Spec, elements: list[dict], scales: list[float] | None) -> list[dict]:
+    """The elements acting on the inputs: each one found on the inputs brought to one residual scale, composed
+    with its model's scale from `scale_gauge` (None: the elements as they are)."""
+    if scales is None:
+        return elements
+    name = spec.residual_scales(spec.groups)[0]
+    grp = spec.groups[name]
+    return [{**g, name: G.compose(grp, g[name], scale_element(spec, a)[name])} for g, a in zip(elements, scales)]
+
+
+class ScaledParts:
+    """A source served part by part with the residual scale `a` applied (`scale_gauge`)."""
+
+    def __init__(self, spec: Spec, source, a: float):
+        self.spec, self.source, self.element = spec, source, scale_element(spec, a)
+
+    def part(self, key) -> dict[str, torch.Tensor]:
+        return apply(self.spec, self.element, self.source.part(key))
+
+
 def weight_match_many(spec: Spec, sources: list, weights: list[float], families: list[str] | None = None,
                       max_rounds: int = 10, max_iters: int = 20, seed: int = 0, tol: float = ROUND_TOL,
                       dtype: torch.dtype = G.DTYPE, progress: bool = False, products: str | None = None,
@@ -220,13 +267,15 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
     some source streams from a checkpoint, in memory when all are in memory)."""
     from ..model import InMemoryParts
 
-    srcs = as_parts(sources, dtype)
-    on_disk = (not all(isinstance(s, InMemoryParts) for s in srcs)) if cache_on_disk is None else cache_on_disk
+    inputs = as_parts(sources, dtype)
+    on_disk = (not all(isinstance(s, InMemoryParts) for s in inputs)) if cache_on_disk is None else cache_on_disk
+    scales = scale_gauge(spec, inputs, families)
+    srcs = inputs if scales is None else [s if a == 1.0 else ScaledParts(spec, s, a) for s, a in zip(inputs, scales)]
     norm2 = {}  # sum_j w_j ||P_j||^2, from the first objective (it does not move)
     state = {"value": None, "first_sweeps": []}  # the objective as `rounds` keeps it; round 1's sweeps per match
 
     def value_of(elements):
-        spread, norm2["all"] = objective_terms(spec, srcs, elements, weights)
+        spread, norm2["all"] = objective_terms(spec, inputs, with_scales(spec, elements, scales), weights)
         value = 1.0 - spread / norm2["all"]
         state["value"] = value if state["value"] is None else max(state["value"], value)  # round 1 kept if not lower
         return value
@@ -249,7 +298,11 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     with one_thread():  # the objectives and means too: the rounds' choices do not depend on the thread count
-        return rounds(len(srcs), value_of, match, identity, max_rounds, seed, tol, progress)
+        res = rounds(len(srcs), value_of, match, identity, max_rounds, seed, tol, progress)
+    res.elements = with_scales(spec, res.elements, scales)
+    if scales is not None:
+        res.extra["scale_gauge"] = scales
+    return res
 
 
 # --- activation matching of many models -------------------------------------------------------------------

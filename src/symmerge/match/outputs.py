@@ -45,7 +45,7 @@ def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> 
 
     meta = {"align": {k: v for k, v in result.report.items() if k != "history"}}
     out = prepare_output(out, force)
-    gauge = reference_gauge(a.path) if a.path is not None else None
+    gauge = reference_gauge(a.path, a) if a.path is not None else None
     if result.report["method"] == "learned":
         side = side_files([a.path, out], mergekit_base(a.path, out), dtype or b.dtype) if gauge else {}
         _write(b, result.elements["B"], out, force=force, extra=meta, gauge=gauge, side=side, dtype=dtype)

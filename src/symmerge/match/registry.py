@@ -278,7 +278,7 @@ def _many_figures(res, name: str) -> dict:
     return {"objective_name": name, "objective": res.history, "rounds": len(res.history) - 1, "orders": res.orders,
             "converged": res.converged, "round_tol": res.tol, "updates_not_kept": res.rejected, "seconds": res.seconds,
             "pairwise_seconds": res.pairwise_seconds, "round_seconds": res.round_seconds,
-            "round_sweeps": res.round_sweeps}
+            "round_sweeps": res.round_sweeps, **{k: res.extra[k] for k in ("scale_gauge",) if k in res.extra}}
 
 
 def _run_weight_many(sources, weights, families, data, opts, start=None, progress: bool = False) -> ManyAlignment:
