@@ -150,6 +150,37 @@ def _data_files(c: dict, root: Path) -> None:
         f.unlink()
 
 
+#: commits of the hub cache `hub_cache` lays out (40 hex digits, as the Hub's)
+COMMITS = {"a": "a" * 40, "b": "b" * 40, "pickles": "c" * 40, "wide": "d" * 40}
+
+
+def hub_cache(root: Path, a: Path, b: Path, wide: Path | None = None) -> Path:
+    """A Hugging Face Hub cache at `root/hub`, laid out as huggingface_hub writes it (`models--ORG--NAME/refs/<ref>`
+    holding a commit, `snapshots/<commit>/` the files): `org/pair` at main is `a`, at tag v1 `b`; `org/pickles`
+    holds pickled weights only (never unpickled: not a real pickle); `org/wide` is `wide` where given. Use it with
+    huggingface_hub.constants.HF_HUB_CACHE (or the HF_HUB_CACHE variable of a fresh process) pointing there, and
+    HF_HUB_OFFLINE=1."""
+    cache = root / "hub"
+
+    def repo(name: str, refs: dict[str, str], snapshots: dict[str, Path]) -> Path:
+        storage = cache / f"models--org--{name}"
+        (storage / "refs").mkdir(parents=True)
+        for ref, commit in refs.items():
+            (storage / "refs" / ref).write_text(commit)
+        for commit, src in snapshots.items():
+            shutil.copytree(src, storage / "snapshots" / commit)
+        return storage
+
+    repo("pair", {"main": COMMITS["a"], "v1": COMMITS["b"]}, {COMMITS["a"]: a, COMMITS["b"]: b})
+    pickles = repo("pickles", {"main": COMMITS["pickles"]}, {}) / "snapshots" / COMMITS["pickles"]
+    pickles.mkdir(parents=True)
+    shutil.copy(a / "config.json", pickles / "config.json")
+    (pickles / "pytorch_model.bin").write_bytes(b"never unpickled")
+    if wide is not None:
+        repo("wide", {"main": COMMITS["wide"]}, {COMMITS["wide"]: wide})
+    return cache
+
+
 def build(root: Path) -> dict:
     """Every input of the catalogue under `root`; keys name them (see the module docstring)."""
     c = {"root": root, "a": lm(root / "a", 0), "b": lm(root / "b", 1), "vit": _vit(root / "vit")}
@@ -167,6 +198,7 @@ def build(root: Path) -> dict:
                                                      max_position_embeddings=32)), root / "bert")
     _broken_checkpoints(c, root)
     _data_files(c, root)
+    c["hub"] = hub_cache(root, c["a"], c["b"])
     return c
 
 

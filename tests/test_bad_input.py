@@ -404,6 +404,16 @@ FAULTS = [
      "not in the local cache and HF_HUB_OFFLINE is set", "offline"),
     ("data-hf-unknown-no-network", lambda c, o: ["eval", _p(c, "a"), "--data", "hf:nobody/no-such-dataset"],
      "cannot be reached", "no-network"),
+    # checkpoints by Hub id, resolved offline from the cache `bad_inputs.hub_cache` lays out
+    ("hub-unknown-id", lambda c, o: ["inspect", "org/nothing"], "is not cached", "hub"),
+    ("hub-unknown-id-offline-said", lambda c, o: ["transform", "org/nothing", "-o", o], "HF_HUB_OFFLINE is set", "hub"),
+    ("hub-merge-unknown-id", lambda c, o: ["merge", _p(c, "a"), "org/nothing@main", "-o", o], "is not cached", "hub"),
+    ("hub-unknown-revision", lambda c, o: ["transform", "org/pair@v9", "-o", o], "revision v9 of org/pair", "hub"),
+    ("hub-expand-like-unknown-revision", lambda c, o: ["expand", _p(c, "a"), "--like", "org/pair@" + "d" * 40, "-o", o],
+     "is not cached (cached: main, v1)", "hub"),
+    ("hub-pickles-only", lambda c, o: ["align", _p(c, "a"), "org/pickles", "-o", o], "safe_serialization=True", "hub"),
+    ("hub-gated-without-token", lambda c, o: ["align", _p(c, "a"), "org/gated", "-o", o], "gated repository", "gated"),
+    ("hub-unauthorized", lambda c, o: ["eval", "org/private", "--data", _p(c, "text")], "set HF_TOKEN", "401"),
     ("no-write-permission-transform", lambda c, o: ["transform", _p(c, "a"), "-o", o], "no write permission", "locked"),
     ("no-write-permission-merge", lambda c, o: _merge(c, o), "no write permission", "locked"),
 ]
@@ -432,14 +442,17 @@ def _out(ctx, fault, monkeypatch) -> Path:
         return ctx["root"] / "out"
     if fault in ("offline", "no-network"):  # hf:NAME that no cache holds: refused at once, not after retries
         pytest.importorskip("datasets", reason="hf:NAME needs the optional datasets package")
-        import symmerge.data as data
+        import symmerge.hub as hub
 
         for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
             monkeypatch.delenv(var, raising=False)
         if fault == "offline":
             monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         else:  # this machine may have a network: the probe answers as it would without one
-            monkeypatch.setattr(data, "_reachable", lambda url, timeout: False)
+            monkeypatch.setattr(hub, "_reachable", lambda url, timeout: False)
+        return ctx["root"] / "out"
+    if fault in ("hub", "gated", "401"):
+        _hub_fault(ctx, fault, monkeypatch)
         return ctx["root"] / "out"
     if fault == "locked":  # root may write anywhere: os.access answers as it would an ordinary user
         locked = ctx["root"] / "locked"
@@ -448,6 +461,30 @@ def _out(ctx, fault, monkeypatch) -> Path:
         monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
         return locked / "out"
     return ctx["root"] / "out"
+
+
+def _hub_fault(ctx, fault, monkeypatch) -> None:
+    """Ids resolve offline from the catalogue's hub cache; "gated" / "401": the Hub answers as it does for a
+    gated repository, or a private one, asked without a token (huggingface_hub's errors, raised by its download)."""
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(ctx["hub"]))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if fault == "hub":
+        return
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr("symmerge.hub._reachable", lambda url, timeout: True)
+    response = httpx2.Response(401 if fault == "401" else 403, request=httpx2.Request("GET", "https://huggingface.co"))
+    error = (GatedRepoError("Access to model org/gated is restricted", response=response) if fault == "gated" else
+             HfHubHTTPError("401 Client Error: Unauthorized", response=response))
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
 
 
 ALL = [(*c, None) for c in CASES] + FAULTS

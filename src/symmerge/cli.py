@@ -14,7 +14,7 @@ import threading
 
 from safetensors import SafetensorError
 
-from . import SymmergeError, __version__, distributed
+from . import SymmergeError, __version__, distributed, hub
 
 #: modules under symmerge.commands, each with register(subparsers)
 COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if distributed.idle(args):  # under torchrun, a command that does not spread runs in the first process
         return 0
     try:
+        hub.forget()
+        hub.resolve_args(args)  # Hub ids named by the command's checkpoint arguments -> local snapshot folders
         return int(args.run(args) or 0)
     except SymmergeError as e:
         if distributed.prints(e):  # under torchrun an error all processes share is printed once

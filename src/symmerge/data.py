@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from . import SymmergeError
-from .envvars import flag
 from .images import SPLITS, is_image_source, load_images, preprocess, read_processor_config
 from .tokenizers import encode, load_tokenizer
 
@@ -220,52 +219,22 @@ def describe_data(data: str) -> dict:
         {"bytes": p.stat().st_size} if p.is_file() else {})
 
 
-#: seconds the Hugging Face Hub gets to answer a connection before hf:NAME is loaded from the cache only
-HUB_PROBE_SECONDS = 3.0
-
-
 @contextlib.contextmanager
 def _hub_offline_unless_reachable(datasets):
-    """Yields None when the Hub can be reached, else why not (offline by HF_HUB_OFFLINE /
-    HF_DATASETS_OFFLINE, or no answer within HUB_PROBE_SECONDS); while it cannot, `datasets` and
-    `huggingface_hub` run offline (cached datasets still load), so that an unknown name fails at once
-    rather than after a minute of retries."""
-    import huggingface_hub.constants as hub
+    """Yields None when the Hub can be asked (`hub.offline_reason`, HF_DATASETS_OFFLINE counted too), else
+    why not; while it cannot, `datasets` and `huggingface_hub` run offline (cached datasets still load),
+    so that an unknown name fails at once rather than after a minute of retries."""
+    import huggingface_hub.constants as constants
 
-    env = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if flag(v)]
-    why = f"{env[0]} is set (offline mode)" if env else None
-    if why is None and not _reachable(hub.ENDPOINT, HUB_PROBE_SECONDS):
-        why = f"{hub.ENDPOINT} cannot be reached (no network?)"
+    from .hub import offline_reason
+
+    why = offline_reason(("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     if why is None:
         yield None
         return
-    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
     try:
         yield why
     finally:
-        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
-
-
-def _reachable(url: str, timeout: float) -> bool:
-    """Whether a TCP connection to `url`'s host opens within `timeout` seconds (name lookup included:
-    it runs in a thread that is abandoned, not waited for, when it takes longer)."""
-    import socket
-    import threading
-    from urllib.parse import urlparse
-
-    u = urlparse(url)
-    host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
-    ok = []
-
-    def probe():
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    t.join(timeout)
-    return bool(ok)
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved

@@ -342,7 +342,7 @@ def expand_checkpoint(narrow_path, wide_path, out, force: bool = False, progress
     e = plan(narrow.adapter, narrow.config, wide_config)
     model = ExpandedModel(narrow, wide_config, e)
     check_exported_shapes(model)
-    extra = {**narrow.meta, "expand": {"narrow": str(narrow_path), "like": str(wide_path),
+    extra = {"expand": {"narrow": str(narrow_path), "like": str(wide_path),
                                         "writer_scale": e.writer_scale, "score_scale": e.score_scale}}
     write_streaming(model, lambda part: part, out, force=force, extra=extra, progress=progress, dtype=dtype)
     return out, e

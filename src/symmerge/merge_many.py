@@ -148,7 +148,7 @@ def _write_aligned(models, elements, folder, tmp: Path, meta: dict, progress: bo
         for name, text in side_files(outs, outs[0], dtype or models[0].dtype, weights).items():
             (tmp / name).write_text(text)
     for i, (m, g) in enumerate(zip(models, elements), start=1):
-        extra = {**m.meta, "merge_aligned": {**meta["merge"], "index": i, "input": str(m.path)}}
+        extra = {"merge_aligned": {**meta["merge"], "index": i, "input": str(m.path)}}
         (tmp / str(i)).mkdir()
         write_streaming(m, lambda part, m=m, g=g: apply(m.spec, g, part), Path(folder) / str(i), extra=extra,
                         progress=progress, gauge=gauge, dtype=dtype, into=tmp / str(i))

@@ -16,6 +16,7 @@ from . import SymmergeError
 from .adapters import adapter_for
 from .adapters.base import Adapter
 from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write_weights
+from .provenance import write_metadata
 from .shape import ModelShape
 from .spec import Spec, build_spec
 
@@ -226,7 +227,8 @@ def reference_gauge(reference, like=None):
 def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool = False, dtype=None,
                extra: dict | None = None, gauge=None, side: dict[str, str] | None = None) -> Path:
     """Write canonical `params` as a stock HF checkpoint of the model's class, atomically (in the
-    gauge of a reference if `gauge` is given: see `gauge.py`); `side`: more files (name -> text) in OUT."""
+    gauge of a reference if `gauge` is given: see `gauge.py`); `side`: more files (name -> text) in OUT;
+    `extra`: this operation's record for symmerge.json (`provenance.write_metadata`, over the model's own)."""
     out = prepare_output(out, force)
     config, sd = export_state_dict(model, params, dtype, gauge, tie=True)
     with AtomicFolder(out) as tmp:
@@ -236,9 +238,7 @@ def save_model(model: Model, params: dict[str, torch.Tensor], out, force: bool =
         if model.path is not None:
             copy_side_files(model.path, tmp)
         if extra is not None:
-            meta = dict(model.meta)
-            meta.update(extra)
-            (tmp / "symmerge.json").write_text(json.dumps(meta, indent=2))
+            write_metadata(tmp, extra, model.meta)
         for name, text in (side or {}).items():
             (tmp / name).write_text(text)
     return out

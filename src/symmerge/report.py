@@ -22,6 +22,9 @@ of a key find it where it always was:
 - demo: data, arch, a, b, results (one row per method: method, label, max_endpoint_logit_change, the
   barrier curve, the method's figure, barrier_seconds, seconds).
 
+Where the command read checkpoints by Hub id, the last key is `hub`: for each id its given spelling,
+repo_id, revision, the commit it resolved to and the local snapshot folder (`hub.resolved`).
+
 `schema_version` grows when a key changes its meaning or goes away; new keys do not bump it.
 Checkpoints' own symmerge.json (training and alignment provenance, read back by `model.LazyModel`)
 is metadata, not a report, and is not stamped.
@@ -46,7 +49,10 @@ def stamped(command: str, payload: dict) -> dict:
     clash = [k for k in STAMPS if k in payload]
     if clash:
         raise SymmergeError(f"the {command} report already has the schema's keys {clash}")
-    return {"schema_version": SCHEMA_VERSION, "command": command, "symmerge_version": __version__, **payload}
+    from .hub import resolved
+
+    hubs = {"hub": resolved()} if resolved() and "hub" not in payload else {}
+    return {"schema_version": SCHEMA_VERSION, "command": command, "symmerge_version": __version__, **payload, **hubs}
 
 
 def dumps(command: str, payload: dict) -> str:

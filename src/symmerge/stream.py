@@ -9,7 +9,6 @@ the depth.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +18,7 @@ from .gauge import export_part, tied_scale
 from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
 from .model import LazyModel, keep_expected
 from .progress import tqdm
+from .provenance import write_metadata
 from .threads import one_thread
 
 Params = dict[str, torch.Tensor]
@@ -29,7 +29,8 @@ def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out
                     max_shard_bytes: int = 2 * 1024**3, progress: bool = True, gauge=None,
                     side: dict[str, str] | None = None, into: Path | None = None) -> Path:
     """Export `transform(part)` for each part of `model` (ends, then each block) as a stock checkpoint,
-    in the norm gauge of a reference if `gauge` is given (`gauge.py`), else in canonical form; `side`:
+    in the norm gauge of a reference if `gauge` is given (`gauge.py`), else in canonical form; `extra`:
+    this operation's record for symmerge.json (`provenance.write_metadata`, over the model's own); `side`:
     more files (name -> text) written into OUT. `into`: an empty folder the caller made (the temporary
     folder of a write it commits, `io.AtomicFolders`), written directly, `out` then only named.
     The parts are transformed and exported on one thread (`threads.one_thread`): the written bytes do not
@@ -63,7 +64,7 @@ def _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes
         config.save_pretrained(tmp)
         copy_side_files(model.path, tmp)
         if extra is not None:
-            (tmp / "symmerge.json").write_text(json.dumps(extra, indent=2))
+            write_metadata(tmp, extra, getattr(model, "meta", None))
         for name, text in (side or {}).items():
             (tmp / name).write_text(text)
     return out

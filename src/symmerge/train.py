@@ -41,6 +41,7 @@ from .evaluate import model_inputs
 from .images import is_image_source, load_images, processor_config, write_processor_config
 from .io import AtomicFolder, clean_stale, prepare_output
 from .presets import HF_CLASSES, Preset, get_preset, lm_config, reshaped, vit_config
+from .provenance import write_metadata
 from .tokenizers import build_tokenizer
 
 STATE = ".train_state"
@@ -341,5 +342,5 @@ def _write_output(model, out: Path, skeleton: Path, args: TrainArgs, p: Preset, 
         for name in SIDE:
             if (skeleton / name).is_file():
                 shutil.copy2(skeleton / name, tmp / name)
-        (tmp / "symmerge.json").write_text(json.dumps(record, indent=2))
+        write_metadata(tmp, record)
         shutil.copytree(out / STATE, tmp / STATE)

@@ -20,8 +20,8 @@ from .transform import parse_groups
 
 def register(sub) -> None:
     p = sub.add_parser("align", help="find the symmetry that brings B closest to A; OUT is B re-parameterised")
-    p.add_argument("a", help="target checkpoint folder (never modified)")
-    p.add_argument("b", help="checkpoint folder to align (never modified)")
+    p.add_argument("a", help="target checkpoint folder or Hub id ORG/NAME[@REVISION] (never modified)")
+    p.add_argument("b", help="checkpoint folder or Hub id ORG/NAME[@REVISION] to align (never modified)")
     p.add_argument("-o", "--out", required=True, help="output folder: B's class, B's function, A's coordinates")
     p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
                    help="; ".join(f"{m.name}: {m.help}" for m in registry.MATCHERS.values()))
@@ -43,7 +43,7 @@ def register(sub) -> None:
     out_dtype.add_argument(p)
     devices.add_arguments(p, f"the forward of {'/'.join(forward_methods())} (weight matching: its cost matrices, "
                           "residual products and Procrustes solves; --dtype is for the forward only)")
-    p.set_defaults(run=run, spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes
+    p.set_defaults(run=run, checkpoints=("a", "b"), spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes
 
 
 def forward_methods() -> list[str]:
@@ -169,7 +169,7 @@ def align_streamed(args, matcher, families, opts, place):
     g = result.elements["B"]
     dtype = out_dtype.resolve(args) or b.dtype
     gauge, side = in_gauge_of(args.a, args.out, dtype, a, rep)
-    write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra={**b.meta, **_meta(rep)},
+    write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra=_meta(rep),
                     gauge=gauge, side=side, dtype=dtype)
     return rep
 

@@ -25,7 +25,8 @@ def add_data_args(p, split_default: str = "test") -> None:
 def register(sub) -> None:
     p = sub.add_parser("barrier", help="measure the loss and accuracy barrier between two (or more) models")
     p.add_argument("models", nargs="+", metavar="MODEL",
-                   help="checkpoint folders: A (λ = 0; its tokenizer / image processor prepares the data) and B "
+                   help="checkpoint folders or Hub ids ORG/NAME[@REVISION]: A (λ = 0; its tokenizer / image processor "
+                   "prepares the data) and B "
                    "(λ = 1), or three or more models for the barrier of many models")
     add_data_args(p)
     p.add_argument("--points", type=at_least(2), default=11, help="evenly spaced λ values, endpoints included (per pair)")
@@ -37,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--json", default=None, help="write the curve and barriers to this JSON file")
     p.add_argument("--plot", default=None, help="write a PNG plot of the curves (n = 3: the loss over the triangle)")
     devices.add_arguments(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("models",))
 
 
 def run(args) -> int:

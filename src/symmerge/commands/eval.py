@@ -11,7 +11,8 @@ from .checks import check_report_file
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint: mean loss per token/image and accuracy, with standard errors")
-    p.add_argument("model", help="Hugging Face checkpoint folder (with its tokenizer or preprocessor_config.json)")
+    p.add_argument("model", help="Hugging Face checkpoint folder or Hub id ORG/NAME[@REVISION] (with its tokenizer or "
+                   "preprocessor_config.json)")
     p.add_argument("--data", required=True, help="a .txt file, a folder of IDX files, mnist.pkl.gz, 'digits' or hf:NAME")
     p.add_argument("--split", default="test", choices=("train", "validation", "test", "all"), help="which part of the data")
     p.add_argument("--batch-size", type=at_least(1), default=8, help="sequences or images per batch")
@@ -19,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--max-batches", type=at_least(1), default=None, help="evaluate only the first N batches")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON to FILE")
     devices.add_arguments(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("model",))
 
 
 def jsonable(d: dict) -> dict:

@@ -7,13 +7,14 @@ from . import out_dtype
 
 def register(sub) -> None:
     p = sub.add_parser("expand", help="write a narrow model as a checkpoint of a wider config (same function)")
-    p.add_argument("narrow", help="checkpoint folder of the narrow model (never modified)")
+    p.add_argument("narrow", help="checkpoint folder or Hub id ORG/NAME[@REVISION] of the narrow model (never modified)")
     p.add_argument("--like", required=True, metavar="WIDE",
-                   help="checkpoint folder (only its config.json is read) of the wide model's architecture and sizes")
+                   help="checkpoint folder or Hub id ORG/NAME[@REVISION] (only its config.json is read) of the wide "
+                   "model's architecture and sizes")
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("narrow", "like"))
 
 
 def run(args) -> int:

@@ -7,9 +7,9 @@ from ..report import describe, dumps
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="print the architecture, shape and symmetry group of a checkpoint")
-    p.add_argument("model", help="Hugging Face checkpoint folder")
+    p.add_argument("model", help="Hugging Face checkpoint folder or Hub id ORG/NAME[@REVISION]")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("model",))
 
 
 def run(args) -> int:

@@ -8,14 +8,14 @@ from . import out_dtype
 
 def register(sub) -> None:
     p = sub.add_parser("interpolate", help="write (1-λ)·A + λ·B (in canonical form) as a stock HF checkpoint")
-    p.add_argument("a", help="checkpoint folder A (λ = 0)")
-    p.add_argument("b", help="checkpoint folder B (λ = 1)")
+    p.add_argument("a", help="checkpoint folder or Hub id ORG/NAME[@REVISION] A (λ = 0)")
+    p.add_argument("b", help="checkpoint folder or Hub id ORG/NAME[@REVISION] B (λ = 1)")
     p.add_argument("--lam", type=finite_float, required=True, help="interpolation weight λ in [0, 1]")
     p.add_argument("--extrapolate", action="store_true", help="allow λ outside [0, 1]")
     p.add_argument("-o", "--out", required=True, help="output folder")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("a", "b"))
 
 
 def run(args) -> int:

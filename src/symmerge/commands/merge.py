@@ -16,7 +16,8 @@ LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches", "r
 
 def register(sub) -> None:
     p = sub.add_parser("merge", help="align many models into shared coordinates and write their weighted average")
-    p.add_argument("models", nargs="+", help="two or more checkpoint folders of one architecture (never modified); "
+    p.add_argument("models", nargs="+", help="two or more checkpoint folders or Hub ids ORG/NAME[@REVISION] of one "
+                   "architecture (never modified); "
                    "mixed widths are expanded into the widest")
     p.add_argument("-o", "--out", required=True, help="output folder: the weighted average, a stock checkpoint")
     p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
@@ -44,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace non-empty output folders")
     out_dtype.add_argument(p)
     devices.add_arguments(p, "the forward of learned/dual")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("models",))
 
 
 def load_data(args, matcher, opts):

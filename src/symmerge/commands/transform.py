@@ -11,7 +11,7 @@ from . import out_dtype
 
 def register(sub) -> None:
     p = sub.add_parser("transform", help="apply a random symmetry; the output computes the same function")
-    p.add_argument("model", help="Hugging Face checkpoint folder (never modified)")
+    p.add_argument("model", help="Hugging Face checkpoint folder or Hub id ORG/NAME[@REVISION] (never modified)")
     p.add_argument("-o", "--out", required=True, help="output folder (must be empty or absent unless --force)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the random group element")
     p.add_argument("--groups", default=None, help=f"comma-separated families (default: all): {','.join(FAMILIES)}")
@@ -19,7 +19,7 @@ def register(sub) -> None:
                    help=f"scales and singular values drawn in [1/s, s] (1 <= s <= {SPREAD_MAX:g})")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     out_dtype.add_argument(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, checkpoints=("model",))
 
 
 #: A QK or OV map and its inverse scale a circuit by up to s^2 each way, the residual scale the norms' eps by s^2:

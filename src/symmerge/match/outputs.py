@@ -30,7 +30,7 @@ def _write(model, g: dict, out, force: bool = False, extra: dict | None = None, 
     from ..stream import write_streaming
 
     write_streaming(model, lambda part: apply(model.spec, g, part), out, force=force, dtype=dtype,
-                    extra={**model.meta, **(extra or {})}, progress=False, gauge=gauge, side=side)
+                    extra=extra, progress=False, gauge=gauge, side=side)
 
 
 def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> list[tuple[Path, Path]]:
