@@ -41,6 +41,10 @@ def _configs() -> dict:
                                        head_dim=12, intermediate_size=40, vocab_size=61, max_position_embeddings=32,
                                        rms_norm_eps=1e-2, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
                                        pad_token_id=None),
+        # OLMo-2: post-norms, QK-norm over all heads, GQA; a large eps, so that the norms' eps matters
+        "olmo2": lambda: T.Olmo2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=40, vocab_size=61, max_position_embeddings=32, rms_norm_eps=1e-2,
+                                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -59,7 +63,7 @@ def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                             "olmo": "OlmoForCausalLM",
+                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

@@ -104,8 +104,8 @@ def test_role_queries_name_each_group_once(arch):
         assert [n for n in named.values() if spec.in_head_circuit(n)] == [*roles.head_permutations, *roles.head_maps]
         assert [n for n in named.values() if spec.is_head_permutation(n)] == list(roles.head_permutations)
     scale = [n for n, g in spec.groups.items() if g.family == "residual_scale"]
-    assert spec.residual_scales(spec.groups) == scale and len(scale) == int(s.eps_in_config)
-    assert spec.includes_residual_scale(spec.select(None)) == s.eps_in_config
+    assert spec.residual_scales(spec.groups) == scale and len(scale) == int(s.residual_scale)
+    assert spec.includes_residual_scale(spec.select(None)) == s.residual_scale
     assert not spec.includes_residual_scale(spec.select(spec.default_families()))
     assert not any(spec.in_head_circuit(n) or spec.is_head_permutation(n) for n, g in spec.groups.items() if g.layer is None)
 
@@ -139,9 +139,9 @@ def test_config_without_architectures_is_read_by_model_type(model_type, cls):
 def test_config_without_architectures_of_a_refused_class_says_why():
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model("olmo2")
+    config = AutoConfig.for_model("olmo3")
     config.architectures = None
-    with pytest.raises(SymmergeError, match="post-norm"):
+    with pytest.raises(SymmergeError, match="post-norms"):
         adapter_for(config)
     config = AutoConfig.for_model("bloom")  # a class symmerge has no adapter for: refused by name
     config.architectures = None

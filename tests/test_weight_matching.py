@@ -34,6 +34,8 @@ def _hf_class(arch: str) -> str:
 
 
 SUPPORTED = [a for a in ARCHS if _hf_class(a) in ADAPTERS]
+#: the architectures activation matching reads: a norm before the readers (not OLMo-2's post-norms)
+ACTIVATION = [a for a in SUPPORTED if ADAPTERS[_hf_class(a)].hooks.norms]
 
 
 def _shape(arch, **kw) -> ModelShape:
@@ -143,7 +145,7 @@ def _cli(*argv) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3") if a in SUPPORTED])
+@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2") if a in SUPPORTED])
 def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert _cli("transform", a, "-o", tmp_path / "b", "--seed", 4) == 0
@@ -165,7 +167,7 @@ def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     assert rep["families"]["ffn_perm"]["units_moved"] > 0
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3") if a in SUPPORTED])
+@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2") if a in SUPPORTED])
 def test_align_independent_models_keeps_b_function(tmp_path, arch):
     """Two unrelated models: the objective rises monotonically and OUT still computes B's function."""
     a = save_model(make_model(arch, 0), tmp_path / "a")

@@ -60,7 +60,10 @@ def act(group: G.Group, g: torch.Tensor, t: torch.Tensor, action: Action) -> tor
     if action.how == "sq":
         return t * g.to(t.dtype) ** 2
     kind = group.structure
-    m = g if action.how == "g" else (kind.inverse_transpose(g) if inv_t is None else inv_t)
+    if action.how == "abs":  # |G| entrywise: a signed permutation's permutation (a permutation is its own)
+        m = g if isinstance(g, StraightThrough) else g.abs()
+    else:
+        m = g if action.how == "g" else (kind.inverse_transpose(g) if inv_t is None else inv_t)
     if not kind.acts_on_axis:  # a scalar scales the whole tensor
         return kind.act_leading(m, t, 0)
     lead = (*action.batch_axes, action.axis)

@@ -23,7 +23,7 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
 - QK-norm (an RMSNorm on q and k that reads the config's eps): q and k are multiplied by
   `sqrt(eps_D / eps_d)` (the residual scale's action on them), so the norm sees its input and eps
   scaled alike. A wider head would change the mean the norm takes and the
-  score scale behind it: refused.
+  score scale behind it: refused. Post-norm models (OLMo-2) expand only their FFN width.
 
 What cannot be expanded is refused in `plan` with the reason (see the README's "Expanding a narrow
 model" for the list).
@@ -157,6 +157,9 @@ def plan(adapter, narrow_config, wide_config) -> Expansion:
     if n.clip_qkv is not None and score != 1.0:
         raise SymmergeError(f"clip_qkv={n.clip_qkv} clamps q elementwise, so the score scale of a wider head "
                             "cannot be compensated in W_Q; keep d_head")
+    if n.post_norm and (n.d_model, n.n_heads, n.n_kv_heads, n.d_head, n.eps) != (w.d_model, w.n_heads, w.n_kv_heads, w.d_head, w.eps):
+        raise SymmergeError("post-norms normalise over the residual width and QK-norm over all heads, with one eps: "
+                            "only a wider FFN (d_mlp) is expanded exactly; keep the other widths and the eps")
     if n.qk_norm and n.d_head != w.d_head:
         raise SymmergeError(f"QK-norm normalises q and k over the head width, so a wider head ({n.d_head} -> "
                             f"{w.d_head}) changes their norms; keep d_head")

@@ -31,6 +31,7 @@ STRUCTURES: dict[tuple[str, tuple[str, ...]], K.Kind] = {
     ("orthogonal", ()): K.Orthogonal(),
     ("orthogonal", ("fixes_ones",)): K.OrthogonalFixingOnes(),
     ("orthogonal", ("permutation_matrix",)): K.PermutationMatrices(),
+    ("orthogonal", ("signed_permutation",)): KS.SignedPermutationMatrices(),
     ("invertible", ()): K.Invertible(),
     ("invertible", ("rope",)): K.RopeCommuting(),
     ("invertible", ("signed_permutation",)): KS.SignedPermutations(),

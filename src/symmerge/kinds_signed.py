@@ -4,7 +4,8 @@
 |----------------------|---------------------------------------------------------|--------------------------------|
 | `SignedPermutations` | "signed_permutation": signed permutation matrices       | OLMo `clip_qkv`, no RoPE       |
 | `SignedRope`         | "rope" and "signed_permutation": quarter turns per pair | OLMo `clip_qkv` with RoPE      |
-| `PairSigns`          | "qk_norm" (and "rope"): ±1 diagonals, equal on a pair   | QK-norm (Qwen3)                |
+| `PairSigns`          | "qk_norm" (and "rope"): ±1 diagonals, equal on a pair   | QK-norm (Qwen3, OLMo-2)        |
+| `SignedPermutationMatrices` | orthogonal "signed_permutation"                  | the residual under post-norms  |
 
 Every element is orthogonal with entries in {-1, 0, 1}, so `G^{-T} = G`; none has a parameterisation
 (learned matching keeps them fixed), and weight matching solves each exactly (`match/solvers.py`).
@@ -16,7 +17,7 @@ import math
 
 import torch
 
-from .kinds import DTYPE, Invertible, RopeCommuting
+from .kinds import DTYPE, Invertible, Orthogonal, RopeCommuting
 
 
 def _random_signed_permutation(n: int, gen: torch.Generator, batch) -> torch.Tensor:
@@ -33,10 +34,10 @@ def _signed_error(g: torch.Tensor) -> float:
     return float((g.abs().sum(-1) - 1).abs().max() + (g.abs().round() - g.abs()).abs().max())
 
 
-class SignedPermutations(Invertible):
-    """clip_qkv clamps q, k, v elementwise: only signed permutations commute with it."""
+class _AnySignedPermutation:
+    """Every signed permutation matrix (mixed into an invertible or orthogonal kind, which checks the rest)."""
 
-    discrete, solver = True, "signed_permutation"
+    discrete = True
 
     def random(self, group, gen, spread):
         return _random_signed_permutation(group.size, gen, group.batch)
@@ -46,6 +47,12 @@ class SignedPermutations(Invertible):
 
     def order_note(self, group):
         return f"signed permutations of {group.size}"
+
+
+class SignedPermutations(_AnySignedPermutation, Invertible):
+    """clip_qkv clamps q, k, v elementwise: only signed permutations commute with it."""
+
+    solver = "signed_permutation"
 
 
 class SignedRope(RopeCommuting):
@@ -95,3 +102,14 @@ class PairSigns(SignedRope):
     def order_note(self, group):
         pairs = group.rotary_dims // 2
         return f"signs of {pairs} rotary pairs and {group.size - group.rotary_dims} other dims"
+
+
+class SignedPermutationMatrices(_AnySignedPermutation, Orthogonal):
+    """The residual group under post-norms (OLMo-2): `x + γ ⊙ rms(y)` commutes with O exactly when
+    `O diag(γ) = diag(γ') O'` for an orthogonal O' acting on y; for generic γ, O is a signed permutation
+    `P S`, y moves by it too and γ by P alone (the "abs" action: `|O| γ`)."""
+
+    solver = "signed_assignment"
+
+    def dimension(self, group):
+        return 0

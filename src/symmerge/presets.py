@@ -2,9 +2,10 @@
 
 `small` is the papers' size: 6 layers, width 256, 4 heads, context 256 (Tiny Shakespeare); the same
 shape for GPT-NeoX, Llama and Qwen3 (grouped-query attention with 2 KV heads, SwiGLU width 688 ~ 8/3 d;
-Qwen3 adds QK-norm) and OLMo. ViT `small` is 6 layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
+Qwen3 adds QK-norm), OLMo and OLMo-2 (post-norms and QK-norm). ViT `small` is 6 layers, width 256, 4 heads,
+patch 4 for 28x28 images and patch 2 for 8x8.
 `tiny` presets train in a second and exist for tests; `demo` (width 128, 3 layers, 4 heads, context 64;
-Llama/Qwen3/OLMo SwiGLU width 344 ~ 8/3 d, Llama and Qwen3 with 2 KV heads) trains in minutes on one CPU
+Llama/Qwen3/OLMo/OLMo-2 SwiGLU width 344 ~ 8/3 d, Llama and Qwen3 with 2 KV heads) trains in minutes on one CPU
 thread. Dropout is 0 everywhere (so training is a function of the seed alone, and a resumed run can equal an uninterrupted one).
 """
 
@@ -14,9 +15,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from . import SymmergeError
 
-ARCHS = ("gpt2", "neox", "llama", "qwen3", "olmo", "vit")
+ARCHS = ("gpt2", "neox", "llama", "qwen3", "olmo", "olmo2", "vit")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-              "qwen3": "Qwen3ForCausalLM", "olmo": "OlmoForCausalLM", "vit": "ViTForImageClassification"}
+              "qwen3": "Qwen3ForCausalLM", "olmo": "OlmoForCausalLM",
+              "olmo2": "Olmo2ForCausalLM", "vit": "ViTForImageClassification"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ PRESETS: dict[str, dict[str, Preset]] = {
               "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
     "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
+    "olmo2": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
+              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "vit": {
         "demo": Preset(d_model=128, layers=2, heads=4, d_mlp=256, patch={28: 7, 8: 4}, batch_size=64, steps=400,
                        lr=2e-3, warmup=20, save_every=200),
@@ -116,7 +120,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
         raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
                             "positive number of dimensions; change --rotary-pct, --d-model or --heads")
-    if arch in ("llama", "qwen3", "olmo") and head % 2:
+    if arch in ("llama", "qwen3", "olmo", "olmo2") and head % 2:
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
@@ -150,7 +154,11 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
         return T.OlmoConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                             intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
                             pad_token_id=None, **common)
-    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of gpt2, neox, llama, qwen3, olmo")
+    if arch == "olmo2":
+        return T.Olmo2Config(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                             intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
+                             pad_token_id=None, **common)
+    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of gpt2, neox, llama, qwen3, olmo, olmo2")
 
 
 def vit_config(p: Preset, image_size: int, num_labels: int, num_channels: int = 1):

@@ -34,11 +34,21 @@ class ModelShape:
     #: an RMSNorm with weights on q and on k before RoPE: "head" (per head over d_head, weights shared by the
     #: heads: Qwen3), "projection" (over all heads at once, a weight per entry: OLMo-2), "" (none)
     qk_norm: str = ""
+    #: the norms sit on each sublayer's output before the residual add (`x + γ ⊙ rms(y)`: OLMo-2), and nothing
+    #: normalises the stream before its readers; the final norm still reads the stream
+    post_norm: bool = False
 
     @property
     def q_per_kv(self) -> int:
         """Query heads per key/value head (1 without GQA)."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def residual_scale(self) -> bool:
+        """Whether multiplying the stream by a > 0 (writers by a, the config's eps by a^2) is in the group: the eps
+        must be a config value, and no post-norm may sit between a writer and the stream (its output would stay
+        unscaled)."""
+        return self.eps_in_config and not self.post_norm
 
     @property
     def centred(self) -> bool:

@@ -7,7 +7,9 @@ head axes and the hidden axis explicitly, so an action is just (group, tensor ax
                  or hidden-unit map that produces the intermediate vector);
 - how = "inv_t": by `G^{-T}` (readers, and the side that consumes the intermediate vector), so that
                  every product reader·writer is unchanged: `(W G^{-1})(G x) = W x`;
-- how = "sq":    by `a^2` (the normalisation epsilon under the residual scale `a`).
+- how = "sq":    by `a^2` (the normalisation epsilon under the residual scale `a`);
+- how = "abs":   by `|G|` entrywise (a post-norm's weights under a signed permutation `P S` of the
+                 residual: `P S (γ ⊙ z) = (P γ) ⊙ (P S z)`, the signs pass through the weights).
 
 Batched groups (one map per KV group) name the tensor axes that run along their batch.
 """
@@ -45,7 +47,7 @@ ROTATION, SCALE = "residual.rotation", "residual.scale"
 class Action:
     group: str
     axis: int
-    how: str = "g"  # "g" | "inv_t" | "sq"
+    how: str = "g"  # "g" | "inv_t" | "sq" | "abs"
     batch_axes: tuple[int, ...] = ()
 
 
@@ -176,14 +178,22 @@ class Spec:
 
 
 def _residual_groups(s: ModelShape, groups: dict, notes: list) -> None:
-    fixes = ("fixes_ones",) if s.centred else ()
+    fixes = ("fixes_ones",) if s.centred else ("signed_permutation",) if s.post_norm else ()
     why = (
         "LayerNorm centres its input: the stream is kept mean-free, so the rotation must fix the all-ones vector"
         if s.centred
+        else "post-norms add γ ⊙ rms(y) to the stream: O must satisfy O diag(γ) = diag(γ') O' (O' orthogonal, on y), "
+        "which for generic γ leaves signed permutations, the norm weights permuted along (equal weights in every "
+        "post-norm would admit all of O(d): a property of the weights, not used)"
+        if s.post_norm
         else "RMS normalisation commutes with every orthogonal map"
     )
     groups[ROTATION] = G.Group(ROTATION, RESIDUAL_ROTATION, "orthogonal", s.d_model, constraints=fixes, note=why)
-    if s.eps_in_config:
+    if s.post_norm:
+        notes.append("post-norms: a residual scale a is exact only with the embeddings, the post-norm weights and every "
+                     "bias but the gate's scaled by a, the gate's weights by 1/a and the eps by a^2 (the other weights "
+                     "unchanged); it is left out of the group")
+    elif s.eps_in_config:
         groups[SCALE] = G.Group(
             SCALE, RESIDUAL_SCALE, "scalar", 1, constraints=("positive",),
             note="normalisation is scale invariant; exact because the config's eps becomes a^2 eps",
@@ -237,7 +247,7 @@ def _residual_actions(s: ModelShape, axis: int, reader: bool, scaled: bool = Tru
     if reader:
         return [Action(ROTATION, axis, "inv_t")]
     acts = [Action(ROTATION, axis, "g")]
-    if scaled and s.eps_in_config:
+    if scaled and s.residual_scale:
         acts.append(Action(SCALE, axis, "g"))
     return acts
 
@@ -248,7 +258,7 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     qh = [Action(QH, 1, "g", (0,))] if s.q_per_kv > 1 else []
     glu = [Action(GLU, 0, "g")] if s.gated else []
     # QK-norm shares the config's eps: under the residual scale (eps -> a^2 eps) q and k must scale by a too
-    qk = [Action(SCALE, 0, "g")] if s.qk_norm and s.eps_in_config else []
+    qk = [Action(SCALE, 0, "g")] if s.qk_norm and s.residual_scale else []
     a = {
         # W_Q: [n_kv, q_per_kv, d_head, d_model]   b_Q: [n_kv, q_per_kv, d_head]
         f"{p}.attn.W_Q": _residual_actions(s, 3, True) + [Action(H, 0), Action(QK, 2, "g", (0,))] + qh + qk,
@@ -274,6 +284,12 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     if s.qk_norm == "head":
         # g_Q, g_K: [d_head], the QK-norm weights shared by the heads: the signs and head permutations leave them
         a.update({f"{p}.attn.g_Q": [], f"{p}.attn.g_K": []})
+    elif s.qk_norm == "projection":
+        # g_Q: [n_kv, q_per_kv, d_head], g_K: [n_kv, d_head], a weight per entry: they move with their heads
+        a.update({f"{p}.attn.g_Q": [Action(H, 0)] + qh, f"{p}.attn.g_K": [Action(H, 0)]})
+    if s.post_norm:
+        # g_attn, g_mlp: [d_model], the post-norm weights: permuted with the stream, not signed
+        a.update({f"{p}.attn.g_post": [Action(ROTATION, 0, "abs")], f"{p}.mlp.g_post": [Action(ROTATION, 0, "abs")]})
     return a
 
 
@@ -297,7 +313,7 @@ def build_spec(s: ModelShape) -> Spec:
         _block_groups(s, i, groups)
     if s.clip_qkv is not None:
         notes.append(f"clip_qkv={s.clip_qkv}: QK and OV maps restricted to signed permutations (quarter turns on rotary pairs)")
-    if s.qk_norm and s.eps_in_config:
+    if s.qk_norm and s.residual_scale:
         notes.append("QK-norm reads the config's eps: the residual scale a (eps -> a^2 eps) scales q and k by a too")
     if s.centred:
         notes.append("LayerNorm model: every writer is made mean-free and the rotation fixes the all-ones vector")
@@ -315,7 +331,7 @@ def build_spec(s: ModelShape) -> Spec:
         "final.b_norm": _residual_actions(s, 0, False, scaled=False),
         "head.W_U": _residual_actions(s, 1, True),  # [vocab | classes, d_model]
         "head.b_U": [],
-        "norm.eps": [Action(SCALE, 0, "sq")] if s.eps_in_config else [],
+        "norm.eps": [Action(SCALE, 0, "sq")] if s.residual_scale else [],
     }
     for i in range(s.n_layers):
         actions.update(_block_actions(s, i))

@@ -8,19 +8,19 @@ from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
 from .olmo import OlmoAdapter
+from .olmo2 import Olmo2Adapter
 from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), OlmoAdapter(), Qwen3Adapter(), ViTAdapter()):
+for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), OlmoAdapter(), Olmo2Adapter(), Qwen3Adapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 
 #: architectures whose blocks break part of the group; symmerge refuses them and says why
 BROKEN = {
-    "Olmo2ForCausalLM": "OLMo-2 normalises after attention and MLP (post-norm) and applies QK-norm over all heads: "
-    "the residual rotation and the head-internal maps are not symmetries of it",
-    "Olmo3ForCausalLM": "OLMo-3 uses post-norms and QK-norm: the residual rotation and QK maps are not symmetries",
+    "Olmo3ForCausalLM": "OLMo-3 adds sliding-window layers to OLMo-2's post-norms and QK-norm; not supported yet "
+    "(its group would be OLMo-2's: signed permutations of the stream, a sign per rotary pair for the QK maps)",
     "BertForMaskedLM": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
     "BertModel": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
     "GemmaForCausalLM": "Gemma scales embeddings by sqrt(d_model) and ties them to the head; not supported yet",

@@ -39,7 +39,8 @@ class HookPoints:
 
     `{i}` stands for the layer. Invariants activation matching relies on (it fails silently where they fail):
     - `norms`: every module of layer i whose output is the normalised residual stream (a norm read by
-      attention or MLP), `attn_norm` among them: the one whose output the attention's q, k, v read;
+      attention or MLP), `attn_norm` among them: the one whose output the attention's q, k, v read; empty
+      where no norm reads the stream (post-norm blocks): activation matching then refuses the model;
     - `final_norm`: the norm the head reads (its output is a normalised stream too);
     - `ffn_hidden`: the module whose *input* is the FFN hidden vector (the down projection), its
       last axis the canonical `d_mlp` axis;

@@ -59,8 +59,9 @@ def _hf_model(model: Model):
 def _hook_points(model: Model) -> tuple[set[str], dict, dict]:
     """The adapter's modules: normalised-stream outputs, {attention norm: key}, {FFN down projection: key}."""
     hooks = model.adapter.hooks
-    if hooks is None:
-        raise SymmergeError(f"activation matching has no hook points for {model.adapter.name}; use --method weight")
+    if hooks is None or not hooks.norms:
+        raise SymmergeError(f"activation matching has no hook points for {model.adapter.name} (it reads the "
+                            "normalised stream its readers see); use --method weight")
     layers = [hooks.layer(i) for i in range(model.shape.n_layers)]
     norms = {n for h in layers for n in h.norms} | {hooks.final_norm}
     return norms, {h.attn_norm: ("x_attn", i) for i, h in enumerate(layers)}, \

@@ -5,7 +5,8 @@ for readers, since R is orthogonal) and the scale `a` multiplies (writers only),
 
     ||A_T - a R X_T||^2 = ||A_T||^2 + a^2 ||X_T||^2 - 2 a <R, A_T X_T^T>
 
-with X_T = B's tensor under every *other* group (flattened to `[d, m]` along the residual axis). So
+with X_T = B's tensor under every *other* group (flattened to `[d, m]` along the residual axis); a tensor
+the rotation acts on by `|R|` (post-norm weights, under signed permutations) adds `-2 <|R|, A_T X_T^T>`. So
 the whole objective in (R, a) is a function of two d x d cross-covariances (scaled and unscaled
 tensors), two norms and a constant, summed over the model: `ResidualFit.add` takes one part at a
 time (the embeddings, one block, the head), which is what lets weight matching stream a checkpoint
@@ -44,6 +45,7 @@ class ResidualFit:
         self.spec, self.device = spec, device
         d = spec.shape.d_model
         self.c = {True: torch.zeros(d, d, dtype=G.DTYPE), False: torch.zeros(d, d, dtype=G.DTYPE)}  # by "scaled"
+        self.c_abs = torch.zeros(d, d, dtype=G.DTYPE)  # tensors acted on by |R| (never scaled)
         self.bb = {True: [], False: []}  # ||X_T||^2 terms
         self.aa: list[float] = []  # ||A_T||^2 over every weight
         self.aa_moved: list[float] = []  # ||A_T||^2 over the tensors the residual groups act on
@@ -63,7 +65,11 @@ class ResidualFit:
             self.aa_moved.append(self.aa[-1])
             scaled = any(act.group == SCALE for act in self.spec.actions[name])
             xa, xb = along(a, rot), along(x, rot)
-            self.c[scaled] += cross(xa, xb, Products(EXACT, self.device)).to(G.DTYPE)
+            c = cross(xa, xb, Products(EXACT, self.device)).to(G.DTYPE)
+            if rot.how == "abs":
+                self.c_abs += c
+            else:
+                self.c[scaled] += c
             self.bb[scaled].append(sqnorm(xb))
 
     def add_distances(self, A: dict, Y: dict) -> None:
@@ -81,6 +87,7 @@ class ResidualFit:
         for k in self.c:
             self.c[k] += other.c[k]
             self.bb[k] += other.bb[k]
+        self.c_abs += other.c_abs
         self.aa += other.aa
         self.aa_moved += other.aa_moved
         self.const += other.const
@@ -91,7 +98,7 @@ class ResidualFit:
     def distance(self, r: torch.Tensor, a: torch.Tensor) -> float:
         """The squared distance of every tensor added, under rotation `r` and scale `a`."""
         a = float(a)
-        inner = a * float((r * self.c[True]).sum()) + float((r * self.c[False]).sum())
+        inner = a * float((r * self.c[True]).sum()) + float((r * self.c[False]).sum()) + float((r.abs() * self.c_abs).sum())
         return math.fsum([*self.aa_moved, *(a * a * v for v in self.bb[True]), *self.bb[False], *self.const, -2 * inner])
 
     def solve(self, r: torch.Tensor, a: torch.Tensor, rotation: bool, scale: bool, iters: int = 50, rtol: float = 1e-12):
@@ -102,7 +109,8 @@ class ResidualFit:
         best = self.distance(r, a)
         for _ in range(iters if rotation and scale else 1):
             if rotation:
-                r = best_rotation(self.spec.groups[ROTATION], float(a) * self.c[True] + self.c[False], self.device)
+                r = best_rotation(self.spec.groups[ROTATION], float(a) * self.c[True] + self.c[False], self.device,
+                                  self.c_abs if bool(self.c_abs.ne(0).any()) else None)
             if scale and bb > 0:
                 q = float((r * self.c[True]).sum())
                 a = torch.tensor(q / bb, dtype=G.DTYPE) if q > 0 else a  # the scale must stay positive

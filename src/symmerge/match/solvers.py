@@ -65,11 +65,17 @@ def assignment_minimising(cost: np.ndarray, eps: float = float(np.finfo(np.float
     return torch.from_numpy(p)
 
 
-def best_rotation(group, c: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
-    """The member of an orthogonal `group` maximising `tr(O^T c)`: the solver its kind names (Procrustes,
-    Procrustes fixing the all-ones vector, or, over permutation matrices, the assignment maximising
-    `sum_i c[i, p[i]]` as a matrix). `device`: where a Procrustes solve runs (the result comes back to c's)."""
+def best_rotation(group, c: torch.Tensor, device: torch.device | None = None, c_abs: torch.Tensor | None = None) -> torch.Tensor:
+    """The member of an orthogonal `group` maximising `tr(O^T c) + tr(|O|^T c_abs)`: the solver its kind names
+    (Procrustes, Procrustes fixing the all-ones vector, or, over (signed) permutation matrices, an assignment).
+    `c_abs`: the cross-covariance of the tensors the group acts on by `|O|` (post-norm weights), which only
+    signed permutation groups have. `device`: where a Procrustes solve runs (the result comes back to c's)."""
     solver = group.structure.solver
+    if solver == "signed_assignment":
+        return signed_assignment(c, c_abs)
+    if c_abs is not None:
+        assert solver == "assignment_matrix", "only (signed) permutation matrices act by |O|"
+        c = c + c_abs  # |P| = P
     if solver == "assignment_matrix":  # the assignment runs on the CPU wherever c is
         return ROTATION_SOLVERS[solver](c)
     return on_device(ROTATION_SOLVERS[solver], device, c)
@@ -308,6 +314,17 @@ def _signed_map(group, xa, xb, ya, yb) -> torch.Tensor:
     """clip_qkv without RoPE: the signed permutation maximising `<Xa, S Xb> + <Ya, S Yb>` (`S^{-T} = S`)."""
     t = lambda m: m.transpose(-1, -2)  # noqa: E731
     return signed_permutation(xa @ t(xb) + ya @ t(yb))
+
+
+def signed_assignment(c: torch.Tensor, c_abs: torch.Tensor | None = None) -> torch.Tensor:
+    """The signed permutation matrix `S` maximising `tr(S^T c) + tr(|S|^T c_abs)`: entry (i, j) with sign s gains
+    `s c[i, j] + c_abs[i, j]`, best with `s = sign(c[i, j])`, so the assignment maximises `|c| + c_abs`."""
+    score = c.abs() if c_abs is None else c.abs() + c_abs
+    p = linear_assignment(score)
+    rows = torch.arange(c.shape[0])
+    out = torch.zeros_like(c)
+    out[rows, p] = torch.where(c[rows, p] < 0, -1.0, 1.0).to(c.dtype)
+    return out
 
 
 def pair_signs(group, xa, xb, ya, yb) -> torch.Tensor:

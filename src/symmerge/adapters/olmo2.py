@@ -1,0 +1,54 @@
+"""OLMo-2 (`Olmo2ForCausalLM`): post-norms, QK-norm over the whole projection, SwiGLU, RoPE, GQA.
+
+A block computes `x += γ_a ⊙ rms(attn(x))`, then `x += γ_m ⊙ rms(mlp(x))`: q, k, v, gate and up read
+the raw stream (nothing to fold), and each sublayer's output is normalised before it is added. The
+final norm reads the stream as in Llama and folds into the head. QK-norm: `q = rope(view(γ_q ⊙
+rms(W_Q x)))` with one RMS over all heads and a weight per entry (`[n_heads * d_head]`), likewise k.
+
+Canonical tensors beyond Llama's: `attn.g_post`, `mlp.g_post` (`[d_model]`, the post-norm weights),
+`attn.g_Q` (`[n_kv, q_per_kv, d_head]`) and `attn.g_K` (`[n_kv, d_head]`). The group (`spec.py`): the
+residual map is a signed permutation (post-norm weights permuted along), no residual scale, a sign per
+rotary pair for the QK map (the QK-norm weights move with their heads); head and FFN permutations, GLU
+scales and OV maps as in Llama. No norm reads the stream before the readers, so activation matching,
+which reads normalised streams, has no hook points here (`HookPoints.norms` is empty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .base import HookPoints
+from .llama import LlamaAdapter, _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
+
+POST = (("attn", "post_attention_layernorm"), ("mlp", "post_feedforward_layernorm"))
+
+
+class Olmo2Adapter(LlamaAdapter):
+    name = "olmo2"
+    hf_classes = ("Olmo2ForCausalLM",)
+    hooks = HookPoints(norms=(), attn_norm="", final_norm="model.norm", ffn_hidden="model.layers.{i}.mlp.down_proj",
+                       block="model.layers.{i}", attention="model.layers.{i}.self_attn")
+    function_keys = ()
+
+    def shape(self, c):
+        s = _decoder_shape(self, c, "Olmo2ForCausalLM", "rmsnorm", True)
+        return dataclasses.replace(s, qk_norm="projection", post_norm=True)
+
+    def block_to_canonical(self, get, s, i):
+        hf, p = f"model.layers.{i}", f"blocks.{i}"
+        out = decoder_block_to_canonical(get, s, i, (1.0, None), (1.0, None))
+        out[f"{p}.attn.g_Q"] = get(f"{hf}.self_attn.q_norm.weight").reshape(s.n_kv_heads, s.q_per_kv, s.d_head)
+        out[f"{p}.attn.g_K"] = get(f"{hf}.self_attn.k_norm.weight").reshape(s.n_kv_heads, s.d_head)
+        out.update({f"{p}.{part}.g_post": get(f"{hf}.{norm}.weight") for part, norm in POST})
+        return out
+
+    def ends_from_canonical(self, params, s):
+        return decoder_ends_from_canonical(params, s, norm_weights=True)
+
+    def block_from_canonical(self, params, s, i):
+        hf, p = f"model.layers.{i}", f"blocks.{i}"
+        sd = decoder_block_from_canonical(params, s, i, norm_weights=False)
+        sd[f"{hf}.self_attn.q_norm.weight"] = params[f"{p}.attn.g_Q"].reshape(-1)
+        sd[f"{hf}.self_attn.k_norm.weight"] = params[f"{p}.attn.g_K"].reshape(-1)
+        sd.update({f"{hf}.{norm}.weight": params[f"{p}.{part}.g_post"] for part, norm in POST})
+        return sd
