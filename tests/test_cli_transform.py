@@ -190,11 +190,11 @@ def test_unsupported_and_symmetry_breaking(tmp_path, capsys):
     bert.save_pretrained(tmp_path / "bert")
     _expect_error(["inspect", str(tmp_path / "bert")], capsys, "post-norm", out)
 
-    olmo2 = T.Olmo2ForCausalLM(T.Olmo2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+    olmo3 = T.Olmo3ForCausalLM(T.Olmo3Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=32, vocab_size=50, pad_token_id=None))
-    olmo2.config.architectures = ["Olmo2ForCausalLM"]
-    olmo2.save_pretrained(tmp_path / "olmo2")
-    _expect_error(["transform", str(tmp_path / "olmo2"), "-o", str(out)], capsys, "QK-norm", out)
+    olmo3.config.architectures = ["Olmo3ForCausalLM"]
+    olmo3.save_pretrained(tmp_path / "olmo3")
+    _expect_error(["transform", str(tmp_path / "olmo3"), "-o", str(out)], capsys, "sliding-window", out)
 
     opt = T.OPTForCausalLM(T.OPTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32,
                                        vocab_size=50, word_embed_proj_dim=16))

@@ -19,6 +19,7 @@ from factories import example_inputs, logits, make_model, save_model
 from symmerge import groups as G
 from symmerge.apply import apply
 from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.spec import random_element
 
 ROT = "residual.rotation"
 F32 = torch.float32  # OLMo-2's RMSNorm computes in float32
@@ -121,3 +122,27 @@ def test_a_rotation_of_a_rotary_pair_changes_the_logits(olmo2):
     assert G.membership_error(group, m) > 1e-3
     out = _forward(model, apply(model.spec, {f"blocks.{i}.qk": m for i in range(2)}, model.params))
     assert_different_function(out, ref, dtype=F32, what="a rotation of the rotary pairs under QK-norm")
+
+
+def test_learned_residual_permutation_moves_the_post_norm_weights(olmo2, tmp_path):
+    """`residual_perm` (permutation matrices, a subgroup of the signed permutations) is learned by straight-through
+    estimation; the "abs" action then permutes the post-norm weights through it, and the outputs are stock
+    checkpoints computing their inputs' functions."""
+    from checks import assert_reported_gap
+    from factories import lm_batches
+    from symmerge.match.learn_config import LearnConfig
+    from symmerge.match.learned import learn
+    from symmerge.match.outputs import output_report, save_outputs
+
+    a, _ = olmo2
+    b = load_model(save_model(make_model("olmo2", 1), tmp_path / "b"))
+    groups = ["residual_perm", "head_perm", "ffn_perm"]
+    cfg = LearnConfig(groups=groups, steps=4, lr=0.5, eval_every=2, grid_points=3, progress=False)
+    init = random_element(b.spec, torch.Generator().manual_seed(5), groups)  # a permuted start: the weights move
+    result = learn(a, b, lm_batches(2, 0), lm_batches(1, 1), cfg, init=init)
+    r = result.elements["B"][ROT]
+    assert torch.equal(r, r.round()) and sorted(r.argmax(1).tolist()) == list(range(r.shape[0]))
+    assert not torch.equal(r, torch.eye(r.shape[0], dtype=r.dtype))
+    probe = lm_batches(1, 9)[0]
+    for row in output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, probe):
+        assert_reported_gap(row, probe)

@@ -48,7 +48,7 @@ def test_the_restricted_group_holds_permutation_matrices_only(gpt2_pair):
         a.spec.select(["residual_perm", "residual_rotation"])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "olmo2"])
 def test_cli_permutations_only_recovers_a_planted_permutation(tmp_path, arch):
     """B = g·A with g a random residual, head and FFN permutation: B computes A's function (stock HF,
     LayerNorm included), and weight matching over the permutations alone recovers A exactly;

@@ -110,13 +110,16 @@ class Adapter:
         return config
 
     def norm_names(self, s: ModelShape) -> dict[str, str]:
-        """HF prefix of each norm, by slot: "blocks.i.ln1" (read by attention: `hooks.attn_norm`),
-        "blocks.i.ln2" (read by the MLP: the other of `hooks.norms`), "final" (read by the head), all
-        from `hooks`; empty without hooks or with other than two norms per layer. `gauge.Gauge` reads a
-        reference's norms through these names (norms without parameters are skipped there)."""
-        if self.hooks is None or len(self.hooks.norms) != 2:
+        """HF prefix of each norm whose weight folds into its readers, by slot: "blocks.i.ln1" (read by
+        attention: `hooks.attn_norm`), "blocks.i.ln2" (read by the MLP: the other of `hooks.norms`), "final"
+        (read by the head), all from `hooks`; empty without hooks, "final" alone without two norms per layer
+        (post-norms, whose weights are canonical tensors of their own). `gauge.Gauge` reads a reference's
+        norms through these names (norms without parameters are skipped there)."""
+        if self.hooks is None:
             return {}
         names = {"final": self.hooks.final_norm}
+        if len(self.hooks.norms) != 2:
+            return names
         for i in range(s.n_layers):
             h = self.hooks.layer(i)
             names[f"blocks.{i}.ln1"] = h.attn_norm
