@@ -58,3 +58,49 @@ def test_a_parser_without_the_formatter_is_caught():
     twice = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     twice.add_argument("--steps", type=int, default=200, help="optimiser steps (default 200)")
     assert len(missing_defaults(twice)) == 1 and "twice" in missing_defaults(twice)[0]
+
+
+#: the longest help line (its text with the default, on one line) that `align` and `merge` print
+MAX_HELP = 200
+
+
+def sectioned_problems(parser: argparse.ArgumentParser) -> list[str]:
+    """Options of `parser` left in the generic "options" section (all but -h), and help texts over MAX_HELP."""
+    fmt = parser._get_formatter()
+    generic = next(g for g in parser._action_groups if g.title == "options")
+    bad = [f"{a.option_strings[-1]}: in no section" for a in generic._group_actions if not isinstance(a, argparse._HelpAction)]
+    for action in parser._actions:
+        text = " ".join(fmt._expand_help(action).split()) if action.help else ""
+        if len(text) > MAX_HELP:
+            bad.append(f"{action.option_strings[-1] if action.option_strings else action.dest}: help of {len(text)} characters")
+    return bad
+
+
+@pytest.mark.parametrize("command, sections", [
+    ("align", ["output", "matching", "data", "weight matching", "learned and dual matching", "device and precision"]),
+    ("merge", ["output", "matching", "rounds", "data", "learned and dual matching", "device and precision"]),
+])
+def test_align_and_merge_group_their_options_by_method(command, sections):
+    parser = _subparsers(build_parser())[command]
+    assert [g.title for g in parser._action_groups][2:] == sections
+    assert sectioned_problems(parser) == []
+    text = parser.format_help()
+    assert all(f"\n{s}:\n" in text for s in sections)  # as printed
+
+
+def test_an_option_outside_the_sections_or_a_long_help_is_caught():
+    """Negative control: an option added to the parser itself, and one with a help over MAX_HELP."""
+    p = argparse.ArgumentParser()
+    p.add_argument_group("data").add_argument("--data", help="data set")
+    p.add_argument("--steps", help="optimiser steps")
+    p.add_argument_group("learned").add_argument("--lr", help="x" * (MAX_HELP + 1))
+    assert sectioned_problems(p) == ["--steps: in no section", f"--lr: help of {MAX_HELP + 1} characters"]
+
+
+def test_every_matcher_option_lands_in_its_method_section():
+    from symmerge.commands.help_sections import DATA, LEARNED, MATCHING, WEIGHT, section_of
+    from symmerge.match import registry
+
+    assert section_of("precision") == MATCHING and section_of("batch_size") == DATA
+    assert section_of("sweep_workers") == WEIGHT and section_of("lr") == LEARNED
+    assert {section_of(o) for o in registry.OPTIONS} == {MATCHING, DATA, WEIGHT, LEARNED}

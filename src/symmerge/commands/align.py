@@ -15,6 +15,7 @@ from ..report import write as write_report
 from ..spec import FAMILIES
 from . import out_dtype
 from .checks import check_report_file
+from .help_sections import DATA, DEVICE, LEARNED, MATCHING, Sections, output_section, section_of
 from .transform import parse_groups
 
 
@@ -22,27 +23,26 @@ def register(sub) -> None:
     p = sub.add_parser("align", help="find the symmetry that brings B closest to A; OUT is B re-parameterised")
     p.add_argument("a", help="target checkpoint folder or Hub id ORG/NAME[@REVISION] (never modified)")
     p.add_argument("b", help="checkpoint folder or Hub id ORG/NAME[@REVISION] to align (never modified)")
-    p.add_argument("-o", "--out", required=True, help="output folder: B's class, B's function, A's coordinates")
-    p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
-                   help="; ".join(f"{m.name}: {m.help}" for m in registry.MATCHERS.values()))
-    p.add_argument("--groups", default=None,
-                   help=f"comma-separated families, or 'all' (default: all but residual_scale). Families: {','.join(FAMILIES)}")
-    data = ", ".join(m.name for m in registry.MATCHERS.values() if m.needs_data)
-    p.add_argument("--data", default=None, help=f"{data}: data set (see symmerge.data)")
-    p.add_argument("--split", default="train",
-                   help="activation matching: data split (learned/dual learn on train, validate on validation)")
-    p.add_argument("--seq-len", type=int, default=None, help=f"{data}: tokens per sequence (default: the model's context)")
+    output_section(p, "output folder: B's class, B's function, A's coordinates",
+                   "write the report (objective per iteration, groups found) here", "replace a non-empty OUT")
+    sections = Sections(p)
+    how = sections.get(MATCHING)
+    how.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
+                     help="; ".join(f"{m.name}: {m.help}" for m in registry.MATCHERS.values()))
+    how.add_argument("--groups", default=None,
+                     help=f"comma-separated families, or 'all' (default: all but residual_scale). Families: {','.join(FAMILIES)}")
+    data = sections.get(DATA)
+    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data)")
+    data.add_argument("--split", default="train", help="activation matching's split (learned/dual: train and validation)")
+    data.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's context)")
     for opt in registry.OPTIONS.values():
-        add_option(p, opt)
-    p.add_argument("--resume", action="store_true", help="learned/dual: continue the interrupted run of OUT")
-    p.add_argument("--shard-endpoints", action="store_true",
-                   help="learned/dual under torchrun: each process keeps 1/N of the frozen endpoints and gathers one "
-                   "block at a time (for models that do not fit one device; alone, nothing to split)")
-    p.add_argument("--json", default=None, help="write the report (objective per iteration, groups found) here")
-    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
-    out_dtype.add_argument(p)
-    devices.add_arguments(p, f"the forward of {'/'.join(forward_methods())} (weight matching: its cost matrices, "
-                          "residual products and Procrustes solves; --dtype is for the forward only)")
+        add_option(sections.get(section_of(opt.name)), opt, opt.help)
+    learn = sections.get(LEARNED)
+    learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
+    learn.add_argument("--shard-endpoints", action="store_true", help="under torchrun: each process keeps 1/N of the "
+                       "frozen endpoints (for models that do not fit one device)")
+    devices.add_arguments(sections.get(DEVICE), "learned/dual's forward and weight matching's products",
+                          dtype_help="working precision of the forward (default: the checkpoint's own dtype)")
     p.set_defaults(run=run, checkpoints=("a", "b"), spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes
 
 
@@ -54,18 +54,21 @@ def placed_methods() -> list[str]:
     return [m.name for m in registry.MATCHERS.values() if m.places]
 
 
-def add_option(p, opt, text: str | None = None) -> None:
+def add_option(p, opt, text: str | None = None, recipes: tuple[str, ...] = tuple(RECIPES)) -> None:
     """One matcher option, with the registry's default: shown by the help formatter, or, where it differs
     by method or recipe (None here: the registry fills it in, `options_for`), named per method in the help.
-    `text`: the help (default: the methods that use it, then the registry's help)."""
+    `text`: the help (default: the methods that use it, then the registry's help); `recipes`: the recipes
+    whose defaults the help shows (merge runs one)."""
     users = registry.users(opt.name)
     text = f"{'/'.join(users)}: {opt.help}" if text is None else text
     default, shown = opt.default, ""
     if isinstance(default, (dict, registry.FromRecipe)):
-        texts = {m: _shown(opt, m) for m in users}
-        one = len({t.split(": ", 1)[1] for t in texts.values()}) == 1
+        texts: dict[str, list[str]] = {}  # the value's text -> the methods it is the default of
+        for m in users:
+            texts.setdefault(_shown(opt, m, recipes), []).append(m)
         default = None
-        shown = " (default: " + (texts[users[0]].split(": ", 1)[1] if one else "; ".join(texts.values())) + ")"
+        shown = " (default: " + (next(iter(texts)) if len(texts) == 1 else
+                                 "; ".join(f"{'/'.join(ms)}: {t}" for t, ms in texts.items())) + ")"
     elif isinstance(default, tuple):  # as typed on the command line; argparse parses it with opt.type
         default = ",".join(f"{x:g}" for x in default)
     kw = {"type": opt.type} if opt.type else {}
@@ -74,12 +77,12 @@ def add_option(p, opt, text: str | None = None) -> None:
     p.add_argument(opt.flag, default=default, help=f"{text}{shown}", **kw)
 
 
-def _shown(opt, method: str) -> str:
-    """`method: value`, or for a recipe's value `method: full recipe X, quick Y`."""
-    per = {r: opt.default_for(method, r) for r in RECIPES}
+def _shown(opt, method: str, recipes: tuple[str, ...]) -> str:
+    """`method`'s default: `value`, or for a recipe's value `X (full), Y (quick)`."""
+    per = {r: opt.default_for(method, r) for r in recipes}
     if len(set(map(_text, per.values()))) == 1:
-        return f"{method}: {_text(per['full'])}"
-    return f"{method}: " + ", ".join(f"{_text(v)} ({r})" for r, v in per.items())
+        return _text(per[recipes[0]])
+    return ", ".join(f"{_text(v)} ({r})" for r, v in per.items())
 
 
 def _text(value) -> str:

@@ -9,42 +9,49 @@ from ..values import at_least
 from . import out_dtype
 from .align import add_option
 from .checks import check_report_file
+from .help_sections import DATA, DEVICE, LEARNED, MATCHING, ROUNDS, Sections, output_section
 
-#: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here)
+#: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here), and
+#: the many-model options only learned / dual read
 LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches", "recompute")
+MANY_LEARN_OPTIONS = ("val_simplex_points",)
 
 
 def register(sub) -> None:
     p = sub.add_parser("merge", help="align many models into shared coordinates and write their weighted average")
     p.add_argument("models", nargs="+", help="two or more checkpoint folders or Hub ids ORG/NAME[@REVISION] of one "
-                   "architecture (never modified); "
-                   "mixed widths are expanded into the widest")
-    p.add_argument("-o", "--out", required=True, help="output folder: the weighted average, a stock checkpoint")
-    p.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
-                   help=f"the matcher (many-model forms: {', '.join(registry.many_methods())})")
-    p.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
-    p.add_argument("--groups", default=None,
-                   help=f"comma-separated families, or 'all' (default: the spec's choice, as align). Families: {','.join(FAMILIES)}")
-    p.add_argument("--aligned", default=None, help="also write every model re-parameterised into the shared "
-                   "coordinates (its own class and function) to DIR/1 ... DIR/n")
-    data = ", ".join(m.name for m in registry.MATCHERS.values() if m.needs_data)
-    p.add_argument("--data", default=None, help=f"{data}: data set (see symmerge.data); activation and learning use "
-                   "its train split, learned/dual choose the best state on validation")
-    p.add_argument("--batch-size", type=at_least(1), default=8, help=f"{data}: sequences (images) per batch")
-    p.add_argument("--seq-len", type=at_least(1), default=None, help=f"{data}: tokens per sequence (default: context)")
-    p.add_argument("--max-batches", type=at_least(1), default=8, help=f"{data}: training batches")
-    for name in ("max_iters", "precision"):
-        opt = registry.OPTIONS[name]
-        add_option(p, opt, f"weight matching: {opt.help}")
-    for name in LEARN_OPTIONS:
-        opt = registry.OPTIONS[name]
-        add_option(p, opt, f"learned/dual (merge uses the {registry.MANY_RECIPE} recipe): {opt.help}")
+                   "architecture (never modified); mixed widths are expanded into the widest")
+    out = output_section(p, "output folder: the weighted average, a stock checkpoint",
+                         "write the report (objective per round, rounds, groups found) here", "replace non-empty output folders")
+    out.add_argument("--aligned", default=None, help="also write every model in the shared coordinates (its own "
+                     "class and function) to DIR/1 ... DIR/n")
+    sections = Sections(p)
+    how = sections.get(MATCHING)
+    how.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
+                     help=f"the matcher (many-model forms: {', '.join(registry.many_methods())})")
+    how.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
+    how.add_argument("--groups", default=None,
+                     help=f"comma-separated families, or 'all' (default: the spec's choice, as align). Families: {','.join(FAMILIES)}")
+    add_option(how, registry.OPTIONS["precision"], registry.OPTIONS["precision"].help)
+    rounds = sections.get(ROUNDS, "every model matched to the mean of the others, round after round")
+    add_option(rounds, registry.OPTIONS["max_iters"], f"weight matching: {registry.OPTIONS['max_iters'].help} per match")
     for opt in registry.MANY_OPTIONS.values():
-        add_option(p, opt, opt.help)
-    p.add_argument("--json", default=None, help="write the report (objective per round, rounds, groups found) here")
-    p.add_argument("--force", action="store_true", help="replace non-empty output folders")
-    out_dtype.add_argument(p)
-    devices.add_arguments(p, "the forward of learned/dual")
+        if opt.name not in MANY_LEARN_OPTIONS:
+            add_option(rounds, opt, opt.help)
+    data = sections.get(DATA)
+    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data); "
+                      "train split, learned/dual validate on validation")
+    data.add_argument("--batch-size", type=at_least(1), default=8, help="sequences (images) per batch")
+    data.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per sequence (default: context)")
+    data.add_argument("--max-batches", type=at_least(1), default=8, help="training batches")
+    learn = sections.get(LEARNED, f"the {registry.MANY_RECIPE} recipe's defaults; every flag overrides them")
+    for name in LEARN_OPTIONS:
+        text = registry.OPTIONS[name].help.replace(" (instead of --epochs)", "")  # merge has no --epochs
+        add_option(learn, registry.OPTIONS[name], text, recipes=(registry.MANY_RECIPE,))
+    for name in MANY_LEARN_OPTIONS:
+        add_option(learn, registry.MANY_OPTIONS[name], registry.MANY_OPTIONS[name].help.removeprefix("learned/dual: "))
+    devices.add_arguments(sections.get(DEVICE, "learned and dual matching only; the others run on the CPU"),
+                          "the forward", dtype_help="working precision of the forward (default: the checkpoint's own dtype)")
     p.set_defaults(run=run, checkpoints=("models",))
 
 

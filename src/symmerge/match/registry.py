@@ -120,51 +120,41 @@ def _recipe(key: str, activation=None) -> FromRecipe | dict:
 OPTIONS = {o.name: o for o in (
     Option("max_iters", _signature_default(weight_match, "max_iters"), "most sweeps over the groups", at_least(1)),
     Option("precision", str(_signature_default(weight_match, "dtype")).replace("torch.", ""),
-           "precision of the algebra (weight matching) and of the forward and its statistics (activation matching); "
-           "float32 for large models (less memory, faster products)",
+           "precision of the algebra and of activation statistics; float32 for large models (less memory, faster)",
            choices=("float64", "float32")),
-    Option("cost_products", CHOICES[0], "products behind weight matching's assignment costs: exact (in the algebra's "
-           "precision) or bfloat16 (bf16 operands, float32 accumulation: several times faster on CPUs with AMX; "
-           "every candidate still judged exactly)", choices=CHOICES),
-    Option("sweep_workers", _signature_default(weight_match, "workers"), "blocks weight matching solves at once within "
-           "a sweep, each on one thread (the same result bit for bit whatever the count; memory holds that many "
-           "blocks of both models); 0: the CPU thread count, at most 4", at_least(0)),
+    Option("cost_products", CHOICES[0], "products behind the assignment costs: exact, or bfloat16 operands with float32 "
+           "accumulation (faster on CPUs with AMX; every candidate still judged exactly)", choices=CHOICES),
+    Option("sweep_workers", _signature_default(weight_match, "workers"), "blocks solved at once, one thread each (the same "
+           "result at any count; memory holds that many blocks); 0: the CPU threads, at most 4", at_least(0)),
     Option("batch_size", _recipe("batch_size", 8), "sequences (images) per batch (full recipe: as many as make "
-           f"{BATCH_TOKENS} tokens, an image counting its patches and CLS token)", at_least(1)),
-    Option("max_batches", _recipe("max_batches", 8), "batches of data used (learned/dual: training batches; "
-           "none: all of the training split)", at_least(1)),
-    Option("recipe", "full", "the settings every learned/dual option below starts from: full (every training batch for "
-           "a set number of epochs, λ over 0.2-0.8, 11 grid points, validation sized from its standard error, "
+           f"{BATCH_TOKENS} tokens)", at_least(1)),
+    Option("max_batches", _recipe("max_batches", 8), "batches used (learned/dual: training batches; none: all "
+           "of the split)", at_least(1)),
+    Option("recipe", "full", "the settings every learned/dual option starts from: full (epochs of every training batch, "
            "--lr auto) or quick (a smoke test: 200 steps on 8 batches of 8)", choices=tuple(RECIPES)),
     Option("param", _learn_default("param"), "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: "
            "cayley for orthogonal, polar for invertible groups)"),
     Option("steps", FromRecipe("steps"), "optimiser steps (instead of --epochs)", at_least(0)),
     Option("epochs", FromRecipe("epochs"), "passes over the training batches (instead of --steps)",
            argument_type(parse_epochs)),
-    Option("lr", FromRecipe("lr"), "Adam learning rate, cosine decay; auto: the best of a few rates, each a short "
-           "run scored by its validation barrier, at most a tenth of the run's cost (dual's two sides move the "
-           "relative element twice as fast)", argument_type(parse_lr)),
+    Option("lr", FromRecipe("lr"), "Adam rate, cosine decay; auto: the best of a few short runs on the "
+           "validation barrier (a tenth of the cost at most)", argument_type(parse_lr)),
     Option("lam_range", FromRecipe("lam_range"), "λ drawn uniformly from LOW,HIGH per batch",
            argument_type(parse_lam_range)),
-    Option("lam_sampling", _learn_default("lam_sampling"), "uniform λ draws, or peak: half the draws near the "
-           "validation grid points where the path stands highest above the straight line (for the bump uniform "
-           "draws leave)", choices=LAM_SAMPLING),
+    Option("lam_sampling", _learn_default("lam_sampling"), "uniform, or peak: half the λ draws near the grid points "
+           "where the path stands highest above the straight line", choices=LAM_SAMPLING),
     Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", seed),
     Option("eval_every", FromRecipe("eval_every"), f"steps between validation barriers (none: {EVALUATIONS} in the run)",
            at_least(1)),
     Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
            "(0: never)", at_least(0)),
-    Option("val_batches", FromRecipe("val_batches"), "validation batches (validation split) for choosing the best "
-           f"state; auto: as many as make the validation barrier's standard error at most {VAL_SE:g} nats, all "
-           "of the split at most (with 4 batches of 64 MNIST images the choice followed noise, benchmarks/README.md)",
+    Option("val_batches", FromRecipe("val_batches"), "validation batches for choosing the best state; auto: enough "
+           f"for a standard error of at most {VAL_SE:g} nats (all of the split at most)",
            argument_type(parse_val_batches)),
-    Option("recompute", _learn_default("recompute"), "what the backward recomputes of each block: block (its "
-           "weights and activations: memory holds the endpoints and about one block more, whatever the depth and "
-           "batch), weights (only the materialised weights; every block's activations kept, as plain training keeps "
-           "them: a forward less per step, for large batches when memory allows) or none (every block's weights "
-           "kept too); the result is the same", choices=RECOMPUTE),
-    Option("val_points", FromRecipe("grid_points"), "λ grid of the validation barrier, endpoints included (11 "
-           "sees the whole path as the reported barrier does)", at_least(3)),
+    Option("recompute", _learn_default("recompute"), "what the backward recomputes per block: block (least memory: "
+           "about a block beyond the endpoints), weights (activations kept: a forward less per step) or none; the "
+           "same result", choices=RECOMPUTE),
+    Option("val_points", FromRecipe("grid_points"), "λ grid of the validation barrier, endpoints included", at_least(3)),
 )}
 
 
@@ -261,11 +251,11 @@ def _many_signature_default(name: str):
 
 MANY_OPTIONS = {o.name: o for o in (
     Option("max_rounds", 10, "most rounds (a round matches every model once to the mean of the others)", at_least(1)),
-    Option("round_tol", _many_signature_default("tol"), "weight/activation rounds stop after one that improves the "
-           "objective by at most this much, relative (the report's 'converged')", at_least(0.0, float)),
+    Option("round_tol", _many_signature_default("tol"), "weight/activation: stop after a round that gains at most "
+           "this much, relative", at_least(0.0, float)),
     Option("order_seed", 0, "seed of the order the models are visited in, each round", seed),
-    Option("val_simplex_points", 4, "learned/dual: Dirichlet points of the validation objective, besides the merge "
-           "weights", at_least(1)),
+    Option("val_simplex_points", 4, "learned/dual: Dirichlet points of the validation objective, "
+           "besides the merge weights", at_least(1)),
 )}
 
 
@@ -319,16 +309,16 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
 
 
 MATCHERS = {m.name: m for m in (
-    Matcher("weight", "weight matching", "data-free weight matching", False, _run_weight,
+    Matcher("weight", "weight matching", "data-free, from the weights", False, _run_weight,
             ("max_iters", "precision", "cost_products", "sweep_workers"), streams=True, places=True, many=_run_weight_many),
-    Matcher("activation", "activation matching", "match activations on --data", True, _run_activation,
+    Matcher("activation", "activation matching", "from activations on --data", True, _run_activation,
             ("precision", *_DATA_OPTIONS), streams=True, many=_run_activation_many),
-    Matcher("learned", "learned matching", "learn B's symmetry against the loss on the path (from the "
-            "weight-matching solution)", True, partial(_run_learned, "learned"), _LEARN_OPTIONS,
+    Matcher("learned", "learned matching", "B's element learned on the path's loss", True,
+            partial(_run_learned, "learned"), _LEARN_OPTIONS,
             validates=True, starts_from="weight", check=partial(_check_learned, "learned"), forward=True,
             many=partial(_run_learned_many, "learned")),
-    Matcher("dual", "dual learned matching", "learn both endpoints' continuous symmetries (from the "
-            "weight-matching solution)", True, partial(_run_learned, "dual"), _LEARN_OPTIONS,
+    Matcher("dual", "dual learned matching", "both endpoints' continuous elements learned", True,
+            partial(_run_learned, "dual"), _LEARN_OPTIONS,
             validates=True, starts_from="weight", check=partial(_check_learned, "dual"), forward=True,
             many=partial(_run_learned_many, "dual")),
 )}
