@@ -34,8 +34,6 @@ def _hf_class(arch: str) -> str:
 
 
 SUPPORTED = [a for a in ARCHS if _hf_class(a) in ADAPTERS]
-#: the architectures activation matching reads: a norm before the readers (not OLMo-2's post-norms)
-ACTIVATION = [a for a in SUPPORTED if ADAPTERS[_hf_class(a)].hooks.norms]
 
 
 def _shape(arch, **kw) -> ModelShape:

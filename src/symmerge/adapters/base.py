@@ -39,8 +39,10 @@ class HookPoints:
 
     `{i}` stands for the layer. Invariants activation matching relies on (it fails silently where they fail):
     - `norms`: every module of layer i whose output is the normalised residual stream (a norm read by
-      attention or MLP), `attn_norm` among them: the one whose output the attention's q, k, v read; empty
-      where no norm reads the stream (post-norm blocks): activation matching then refuses the model;
+      attention or MLP), `attn_norm` among them: the one whose output the attention's q, k, v read; with
+      `reads_inputs`, the modules whose *input* is the stream the readers read (post-norm blocks, where no
+      norm precedes the readers: the attention and the MLP themselves; their first positional argument, else
+      their first tensor keyword); empty: activation matching refuses the model;
     - `final_norm`: the norm the head reads (its output is a normalised stream too);
     - `ffn_hidden`: the module whose *input* is the FFN hidden vector (the down projection), its
       last axis the canonical `d_mlp` axis;
@@ -58,12 +60,13 @@ class HookPoints:
     ffn_hidden: str
     block: str | None = None
     attention: str | None = None
+    reads_inputs: bool = False
 
     def layer(self, i: int) -> HookPoints:
         """The names for layer i."""
         fmt = lambda n: None if n is None else n.format(i=i)  # noqa: E731
         return HookPoints(tuple(n.format(i=i) for n in self.norms), self.attn_norm.format(i=i), self.final_norm,
-                          self.ffn_hidden.format(i=i), fmt(self.block), fmt(self.attention))
+                          self.ffn_hidden.format(i=i), fmt(self.block), fmt(self.attention), self.reads_inputs)
 
 
 class Adapter:
@@ -118,7 +121,7 @@ class Adapter:
         if self.hooks is None:
             return {}
         names = {"final": self.hooks.final_norm}
-        if len(self.hooks.norms) != 2:
+        if len(self.hooks.norms) != 2 or self.hooks.reads_inputs:
             return names
         for i in range(s.n_layers):
             h = self.hooks.layer(i)

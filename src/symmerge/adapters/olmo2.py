@@ -9,8 +9,8 @@ Canonical tensors beyond Llama's: `attn.g_post`, `mlp.g_post` (`[d_model]`, the 
 `attn.g_Q` (`[n_kv, q_per_kv, d_head]`) and `attn.g_K` (`[n_kv, d_head]`). The group (`spec.py`): the
 residual map is a signed permutation (post-norm weights permuted along), no residual scale, a sign per
 rotary pair for the QK map (the QK-norm weights move with their heads); head and FFN permutations, GLU
-scales and OV maps as in Llama. No norm reads the stream before the readers, so activation matching,
-which reads normalised streams, has no hook points here (`HookPoints.norms` is empty).
+scales and OV maps as in Llama. No norm reads the stream before the readers: activation matching reads
+the stream where the attention and the MLP take it in (`HookPoints.reads_inputs`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ POST = (("attn", "post_attention_layernorm"), ("mlp", "post_feedforward_layernor
 class Olmo2Adapter(LlamaAdapter):
     name = "olmo2"
     hf_classes = ("Olmo2ForCausalLM",)
-    hooks = HookPoints(norms=(), attn_norm="", final_norm="model.norm", ffn_hidden="model.layers.{i}.mlp.down_proj",
-                       block="model.layers.{i}", attention="model.layers.{i}.self_attn")
+    hooks = HookPoints(norms=("model.layers.{i}.self_attn", "model.layers.{i}.mlp"), attn_norm="model.layers.{i}.self_attn",
+                       final_norm="model.norm", ffn_hidden="model.layers.{i}.mlp.down_proj", block="model.layers.{i}",
+                       attention="model.layers.{i}.self_attn", reads_inputs=True)
     function_keys = ()
 
     def shape(self, c):

@@ -5,8 +5,9 @@ Activations come from forward hooks on the stock HF model of each checkpoint's c
 `hooks` (`adapters.base.HookPoints`), and which tensors make up each side of a map is read off the
 spec's actions. For each group:
 
-- residual rotation: Procrustes between the normalised streams (every norm's output, all layers):
-  the normalised stream of g·B is `O` times B's (normalisation removes the residual scale);
+- residual rotation: Procrustes (an assignment for signed permutations) between the streams the readers
+  read (every norm's output, all layers; under post-norms the attention's and the MLP's inputs): the
+  stream of g·B is `O` times B's (normalisation removes the residual scale);
 - FFN permutation: assignment on the correlation of hidden units (the down projection's input),
   on |correlation| when GLU scales (which may flip signs) are matched too; GLU scale: sign of the
   correlation times the ratio of the units' RMS (exact for a planted scale, never near 0);
@@ -56,21 +57,35 @@ def _hf_model(model: Model):
     return build_hf_model(config, sd, model.shape.hf_class)
 
 
-def _hook_points(model: Model) -> tuple[set[str], dict, dict]:
-    """The adapter's modules: normalised-stream outputs, {attention norm: key}, {FFN down projection: key}."""
+def hook_stream(module, fn, reads_input: bool):
+    """Register `fn(tensor)` on what `module` hands on (its output) or, with `reads_input`, on what it is given
+    (its first positional argument, else its first tensor keyword: HF blocks call attention with
+    `hidden_states=`). Returns the handle."""
+    if not reads_input:
+        return module.register_forward_hook(lambda m, args, out: fn(out))
+
+    def pre(m, args, kwargs):
+        fn(args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v)))
+
+    return module.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+def _hook_points(model: Model) -> list[tuple[str, tuple, bool]]:
+    """(module, key, whether its input is hooked) for every activation kept: the streams the readers read
+    (("norm", name)), the attention's input (("x_attn", i)) and the FFN hidden vector (("ffn", i))."""
     hooks = model.adapter.hooks
     if hooks is None or not hooks.norms:
-        raise SymmergeError(f"activation matching has no hook points for {model.adapter.name} (it reads the "
-                            "normalised stream its readers see); use --method weight")
+        raise SymmergeError(f"activation matching has no hook points for {model.adapter.name}; use --method weight")
     layers = [hooks.layer(i) for i in range(model.shape.n_layers)]
-    norms = {n for h in layers for n in h.norms} | {hooks.final_norm}
-    return norms, {h.attn_norm: ("x_attn", i) for i, h in enumerate(layers)}, \
-        {h.ffn_hidden: ("ffn", i) for i, h in enumerate(layers)}
+    ins = hooks.reads_inputs
+    points = [(n, ("norm", n), ins) for h in layers for n in h.norms] + [(hooks.final_norm, ("norm", hooks.final_norm), False)]
+    points += [(h.attn_norm, ("x_attn", i), ins) for i, h in enumerate(layers)]
+    return points + [(h.ffn_hidden, ("ffn", i), True) for i, h in enumerate(layers)]
 
 
 def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
     """Activations `[features, tokens]` (float64) of one model on the batches, keyed by kind and layer."""
-    norms, wanted_out, wanted_in = _hook_points(model)
+    points = _hook_points(model)
     hf = _hf_model(model)
     store: dict = {}
     mask_now: list = [None]
@@ -80,19 +95,12 @@ def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
         flat = t.reshape(-1, t.shape[-1]) if mask_now[0] is None else t[mask_now[0]]
         store.setdefault(key, []).append(flat.T)
 
-    hooks = []
-    for name, mod in hf.named_modules():
-        if name in norms:
-            hooks.append(mod.register_forward_hook(lambda m, i, o, n=name: keep(("norm", n), o)))
-        if name in wanted_out:
-            hooks.append(mod.register_forward_hook(lambda m, i, o, k=wanted_out[name]: keep(k, o)))
-        if name in wanted_in:
-            hooks.append(mod.register_forward_pre_hook(lambda m, i, k=wanted_in[name]: keep(k, i[0])))
-    found = {n for n, _ in hf.named_modules()}
-    missing = sorted((norms | set(wanted_in) | set(wanted_out)) - found)
+    modules = dict(hf.named_modules())
+    missing = sorted({n for n, _, _ in points} - set(modules))
     if missing:
         raise SymmergeError(f"activation matching: {hf.__class__.__name__} has no module {missing[0]}; "
                             "this transformers version names its modules differently, use --method weight")
+    hooks = [hook_stream(modules[n], lambda t, k=key: keep(k, t), ins) for n, key, ins in points]
     try:
         with torch.no_grad():
             for batch in batches:

@@ -42,7 +42,7 @@ from ..apply import apply
 from ..evaluate import model_inputs
 from ..model import InMemoryParts, Model
 from ..spec import ROTATION, SCALE
-from .activation import ffn_step, head_maps, head_perms, in_a_order, map_sides, side_data, writer_scale
+from .activation import ffn_step, head_maps, head_perms, hook_stream, in_a_order, map_sides, side_data, writer_scale
 from .activation_stats import FfnMoments, sides_factor
 from .blockwise import weightless
 from .residual import ResidualFit
@@ -120,8 +120,8 @@ class Runner:
         h = self.hooks.layer(i)
         block, prefix = self.blocks[i], h.block + "."
         local = lambda n: block.get_submodule(n[len(prefix):])  # noqa: E731
-        handles = [local(n).register_forward_hook(lambda m, a, o, n=n: keep(("norm", n), o)) for n in h.norms]
-        handles.append(local(h.ffn_hidden).register_forward_pre_hook(lambda m, a: keep("ffn", a[0])))
+        handles = [hook_stream(local(n), lambda t, n=n: keep(("norm", n), t), h.reads_inputs) for n in h.norms]
+        handles.append(hook_stream(local(h.ffn_hidden), lambda t: keep("ffn", t), True))
         handles.append(local(h.attention).register_forward_hook(lambda m, a, o: keep("pattern", o[1])))
         try:
             with torch.no_grad():
