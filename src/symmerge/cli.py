@@ -14,7 +14,7 @@ import threading
 
 from safetensors import SafetensorError
 
-from . import SymmergeError, __version__, distributed, hub
+from . import SymmergeError, __version__, distributed, hub, provenance
 
 #: modules under symmerge.commands, each with register(subparsers)
 COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
@@ -55,6 +55,7 @@ def _terminate(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    provenance.record_command(sys.argv[1:] if argv is None else argv)  # as typed, for the outputs' model cards
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
     if distributed.idle(args):  # under torchrun, a command that does not spread runs in the first process

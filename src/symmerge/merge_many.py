@@ -71,14 +71,16 @@ class MeanView:
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
                  families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
-                 progress: bool = False, dtype=None, data=None, start=None, place=None) -> dict:
+                 progress: bool = False, dtype=None, data=None, start=None, place=None,
+                 data_name: str | None = None) -> dict:
     """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report. `dtype`:
     of the outputs (default: the first input's). The aligned models are written in the norm gauge of the
     first input of the widest config (`gauge.py`; the first input where all have one config), so that their
     plain weighted average (DIR/mergekit.yml) is OUT.
 
     `method`: a matcher with a many-model form (`registry.many_methods()`); `data`: a `registry.Data` for
-    the data-driven ones (activation: `train`; learned and dual: `train` and `val`).
+    the data-driven ones (activation: `train`; learned and dual: `train` and `val`); `data_name`: where it came from
+    (--data), recorded in the outputs' symmerge.json and model cards.
     `families`: "default" for the spec's default families (`Spec.default_families`), None for every
     group; `opts`: the matcher's options (`registry.many_options_for`), e.g. {"max_rounds": 10}.
     `start`: a `registry.ManyAlignment` found already on these models and families: of `method` itself
@@ -125,6 +127,8 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
            "gauge_of": names[ref], **result.figures,
            "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
     meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}
+    if data is not None and data_name is not None:
+        meta["merge"]["data"] = data_name
     with AtomicFolders([out] if aligned is None else [out, aligned]) as tmps:  # OUT and DIR: one unit
         write_streaming(MeanView(models, result.elements, w), lambda part: part, out, extra=meta,
                         progress=progress, dtype=dtype, into=tmps[0])

@@ -150,8 +150,10 @@ def _load_pair(args, families, lazy_dtype=None):
     return a, b
 
 
-def _meta(rep: dict) -> dict:
-    return {"align": {k: rep[k] for k in ("method", "a", "b", "groups_selected", "objective")}}
+def _meta(rep: dict, data: str | None) -> dict:
+    """The output's record of the alignment (symmerge.json, and its model card)."""
+    source = {"data": data} if data else {}
+    return {"align": {**{k: rep[k] for k in ("method", "a", "b", "groups_selected", "objective")}, **source}}
 
 
 def align_streamed(args, matcher, families, opts, place):
@@ -172,7 +174,7 @@ def align_streamed(args, matcher, families, opts, place):
     g = result.elements["B"]
     dtype = out_dtype.resolve(args) or b.dtype
     gauge, side = in_gauge_of(args.a, args.out, dtype, a, rep)
-    write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra=_meta(rep),
+    write_streaming(b, lambda part: apply(b.spec, g, part), args.out, force=args.force, extra=_meta(rep, args.data),
                     gauge=gauge, side=side, dtype=dtype)
     return rep
 
@@ -204,7 +206,7 @@ def align_in_memory(args, matcher, families, opts, place):
     rep = report(args, b, result, families)
     dtype = out_dtype.resolve(args) or b.dtype
     gauge, side = in_gauge_of(args.a, args.out, dtype, a, rep)
-    save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep),
+    save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep, args.data),
                gauge=gauge, side=side, dtype=dtype)
     return rep
 
@@ -317,7 +319,7 @@ def run_learned(args, matcher, families, opts, place) -> int:
                             resume=args.resume, **place.record(place.working(a.dtype)))
     if not group.main:
         return 0
-    rep = finish_learned(Result(result.elements, result.figures), a, b, args.out, args.force, data.val[0], ckpt,
+    rep = finish_learned(Result(result.elements, {**result.figures, "data": args.data}), a, b, args.out, args.force, data.val[0], ckpt,
                          dtype=out_dtype.resolve(args))
     start = result.start.figures
     rep["weight_matching"] = {"objective": start["objective"], "seconds": start["seconds"]}

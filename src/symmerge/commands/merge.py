@@ -94,7 +94,8 @@ def run(args) -> int:
     check_weights(weights, len(args.models))  # before the data is read
     data = load_data(args, matcher, opts)
     rep = merge_models(args.models, args.out, weights, args.method, families, args.aligned,
-                       args.force, opts, progress=True, dtype=out_dtype.resolve(args), data=data, place=place)
+                       args.force, opts, progress=True, dtype=out_dtype.resolve(args), data=data, place=place,
+                       data_name=args.data)
     if args.json:
         write(args.json, "merge", rep)
     h = rep["objective"]

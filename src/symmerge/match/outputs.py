@@ -43,7 +43,7 @@ def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> 
     from ..gauge import mergekit_base, side_files
     from ..model import reference_gauge
 
-    meta = {"align": {k: v for k, v in result.report.items() if k != "history"}}
+    meta = {"align": {"a": str(a.path), "b": str(b.path), **{k: v for k, v in result.report.items() if k != "history"}}}
     out = prepare_output(out, force)
     gauge = reference_gauge(a.path, a) if a.path is not None else None
     if result.report["method"] == "learned":
