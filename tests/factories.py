@@ -45,6 +45,11 @@ def _configs() -> dict:
         "olmo2": lambda: T.Olmo2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                        intermediate_size=40, vocab_size=61, max_position_embeddings=32, rms_norm_eps=1e-2,
                                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # Mixtral: a mixture of 4 experts (top 2) per layer, GQA, untied
+        "mixtral": lambda: T.MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, intermediate_size=24, num_local_experts=4,
+                                           num_experts_per_tok=2, vocab_size=61, max_position_embeddings=32,
+                                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -63,6 +68,7 @@ def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                             "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
@@ -86,7 +92,7 @@ def make_model(arch: str, seed: int = 0, dtype=torch.float64):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.mul_(3.0)  # larger weights: attention patterns far from uniform, so errors show
-    return model.to(dtype).eval()
+    return runnable(model.to(dtype).eval())
 
 
 def save_model(model, path: Path) -> Path:
@@ -101,8 +107,17 @@ def example_inputs(arch: str, seed: int = 0, batch: int = 2) -> dict:
     return {"input_ids": torch.randint(0, 61, (batch, 12), generator=gen)}
 
 
+def runnable(model):
+    """`model`, set to run its experts (a mixture of experts) by the eager loop where its dtype is one the default
+    kernel (grouped_mm: float32/16 only) cannot multiply, as `symmerge.model.runs_in` does."""
+    if hasattr(model.config, "num_local_experts") and next(model.parameters()).dtype == torch.float64:
+        model.set_experts_implementation("eager")
+    return model
+
+
 def logits(model, inputs: dict) -> torch.Tensor:
     x = {k: (v.to(next(model.parameters()).dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+    runnable(model)
     with torch.no_grad():
         return model(**x).logits
 

@@ -130,6 +130,8 @@ def _expanded_with(narrow_dir, wide_config, tmp_path, **wrong):
 def _refusal(arch: str, case: str) -> str | None:
     """The words of the refusal an expansion case must meet, None where it is exact."""
     s = _shape(make_config(arch))
+    if s.n_experts:
+        return "mixture of experts"
     if s.post_norm and case != "ffn":
         return "post-norms"
     if _changes_head(arch, case):
@@ -142,7 +144,7 @@ def _controls():
     out = []
     for arch in ARCHS:
         s = _shape(make_config(arch))
-        if s.post_norm:  # only the FFN widens: zero units, nothing to compensate
+        if s.post_norm or s.n_experts:  # only the FFN widens: zero units, nothing to compensate; experts: refused
             continue
         out.append((arch, "all", "reader_scale"))
         if s.eps_in_config:

@@ -20,7 +20,7 @@ import transformers as T
 from safetensors.torch import load_file, save_file
 
 from checks import assert_different_function, assert_same_function
-from factories import ARCHS, example_inputs, make_model, save_model
+from factories import ARCHS, example_inputs, logits, make_model, save_model
 from learned_common import char_pair
 from symmerge.match import learner as learner_module
 from symmerge.match.file_forward import FileForward
@@ -38,7 +38,7 @@ def test_file_forward_is_the_stock_forward(arch, tmp_path):
     x = example_inputs(arch)
     stock = T.AutoConfig.from_pretrained(folder).architectures[0]
     with torch.no_grad():
-        ref = getattr(T, stock).from_pretrained(folder, dtype=torch.float64).eval()(**x).logits
+        ref = logits(getattr(T, stock).from_pretrained(folder, dtype=torch.float64).eval(), x)
     got = FileForward(folder).logits(x)
     assert got.dtype == torch.float64
     assert_same_function(got, ref, dtype=torch.float64, what=arch)

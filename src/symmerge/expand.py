@@ -153,6 +153,9 @@ def plan(adapter, narrow_config, wide_config) -> Expansion:
     n, w = adapter.shape(narrow_config), adapter.shape(wide_config)
     _check_shapes(n, w)
     _check_config(adapter, narrow_config, wide_config)
+    if n.n_experts:
+        raise SymmergeError(f"{n.hf_class} is a mixture of experts; expanding one into a wider config is not "
+                            "supported yet (the experts' FFNs and the router would have to widen together)")
     score = adapter.score_scale(narrow_config, n) / adapter.score_scale(wide_config, w)
     if n.clip_qkv is not None and score != 1.0:
         raise SymmergeError(f"clip_qkv={n.clip_qkv} clamps q elementwise, so the score scale of a wider head "

@@ -28,11 +28,14 @@ import torch
 Params = dict[str, torch.Tensor]
 
 
-def reader_slots(s, i: int) -> dict[str, tuple[tuple[str, str], ...]]:
-    """(weight, bias) canonical names of the readers of block i's two norms, by slot."""
+def reader_slots(s, i: int) -> dict[str, tuple[tuple[str, str | None], ...]]:
+    """(weight, bias) canonical names of the readers of block i's two norms, by slot (bias None: the reader has
+    none: a mixture of experts' router and experts)."""
     p = f"blocks.{i}"
     attn = tuple((f"{p}.attn.W_{n}", f"{p}.attn.b_{n}") for n in "QKV")
     mlp = ((f"{p}.mlp.W_in", f"{p}.mlp.b_in"),) + (((f"{p}.mlp.W_gate", f"{p}.mlp.b_gate"),) if s.gated else ())
+    if s.n_experts:  # the router and every expert's up and gate, [.., d_model]: the residual axis last
+        mlp = tuple((f"{p}.moe.W_{n}", None) for n in ("router", "in", "gate"))
     return {f"{p}.ln1": attn, f"{p}.ln2": mlp}
 
 
@@ -79,7 +82,9 @@ class Gauge:
                 if slot in self.norms and readers[0][0] in params:
                     prefix, gamma, beta = self.norms[slot]
                     for w, b in readers:
-                        out[w], out[b] = unfold_reader(params[w], params[b], gamma, beta)
+                        out[w], bias = unfold_reader(params[w], None if b is None else params[b], gamma, beta)
+                        if b is not None:
+                            out[b] = bias
                     hf.update(_norm_tensors(prefix, gamma, beta))
         if "final" in self.norms and "head.W_U" in params:
             self._final(params, out, hf)

@@ -19,6 +19,7 @@ from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write
 from .provenance import write_metadata
 from .shape import ModelShape
 from .spec import Spec, build_spec
+from .stored import StoredNames
 
 Params = dict[str, torch.Tensor]
 
@@ -43,6 +44,19 @@ def hf_class(name: str):
     return getattr(transformers, name)
 
 
+#: the dtypes stock mixtures of experts' default kernel (`grouped_mm`) multiplies
+GROUPED_MM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def runs_in(config, dtype: torch.dtype):
+    """`config`, set up for a stock model that runs in `dtype`: stock mixtures of experts default to the
+    `grouped_mm` kernel, which multiplies float32/16 matrices only, so other dtypes (float64) get the eager loop
+    over the experts (the same sums). Returns `config` (changed in place); other configs are left alone."""
+    if dtype not in GROUPED_MM_DTYPES and hasattr(config, "num_local_experts"):
+        config._experts_implementation = "eager"
+    return config
+
+
 def expected_tensors(config, class_name: str) -> dict[str, tuple[int, ...]]:
     """Parameter names and shapes of the stock HF model for this config (built on the meta device)."""
     return dict(_expected_tensors(config.to_json_string(), class_name))
@@ -56,16 +70,16 @@ def _expected_tensors(config_json: str, class_name: str) -> tuple:
     return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
 
 
-def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: dict[str, str]) -> None:
+def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: StoredNames) -> None:
     """Every tensor the HF class needs is present with the shape the config implies."""
     expected = expected_tensors(ckpt.config, shape.hf_class)
-    shapes = ckpt.shapes()
+    shapes = names.shapes()
     for name, want in expected.items():
         if name not in names:
             if name == adapter.tied_head and shape.tied:
                 continue
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        got = shapes[names[name]]
+        got = shapes[name]
         if got != want:
             raise SymmergeError(
                 f"{ckpt.path}: tensor {name} has shape {got} but config.json implies {want}; "
@@ -112,7 +126,7 @@ class LazyModel:
         self.spec = build_spec(self.shape)
         self.dtype = self.ckpt.dtype()  # the storage dtype (what outputs are written in)
         self.compute_dtype = dtype
-        self._names = {self.adapter.rename(k): k for k in self.ckpt.names()}
+        self._names = StoredNames(self.adapter, self.ckpt)
         _check_tensors(self.ckpt, self.adapter, self.shape, self._names)
         self.meta = json.loads((self.path / "symmerge.json").read_text()) if (self.path / "symmerge.json").is_file() else {}
 
@@ -127,7 +141,7 @@ class LazyModel:
             if default:
                 return default[0]
             raise SymmergeError(f"{self.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        t = self.ckpt.get(self._names[name]).to(self.compute_dtype)
+        t = self._names.get(name).to(self.compute_dtype)
         # a sum is finite when every entry is (the exact check runs only if it is not: a sum can overflow)
         if not math.isfinite(float(t.sum())) and not torch.isfinite(t).all():
             raise SymmergeError(f"{self.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
@@ -199,7 +213,7 @@ def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str)
 
     dtype = next(iter(state_dict.values())).dtype
     with no_init_weights():  # the weights are overwritten below: skip the random initialisation
-        model = hf_class(class_name)(config)
+        model = hf_class(class_name)(runs_in(config, dtype))
     model.to(dtype)
     model.load_state_dict(state_dict, strict=True)
     return model.eval()

@@ -37,6 +37,10 @@ class ModelShape:
     #: the norms sit on each sublayer's output before the residual add (`x + γ ⊙ rms(y)`: OLMo-2), and nothing
     #: normalises the stream before its readers; the final norm still reads the stream
     post_norm: bool = False
+    #: a mixture of experts in place of the MLP (0: a dense MLP): `n_experts` gated MLPs of width `d_mlp` each,
+    #: of which a router (a reader of the stream, one logit per expert) picks `experts_per_token` per token
+    n_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def q_per_kv(self) -> int:

@@ -34,7 +34,9 @@ RESIDUAL_PERM = "residual_perm"
 RESIDUAL_SCALE = "residual_scale"
 HEAD_PERM, QK_MAP, OV_MAP = "head_perm", "qk_map", "ov_map"
 FFN_PERM, GLU_SCALE = "ffn_perm", "glu_scale"
-FAMILIES = (RESIDUAL_ROTATION, RESIDUAL_PERM, RESIDUAL_SCALE, HEAD_PERM, QK_MAP, OV_MAP, FFN_PERM, GLU_SCALE)
+#: mixtures of experts: the permutation of a layer's experts, together with the router's rows (`spec_experts.py`)
+EXPERT_PERM = "expert_perm"
+FAMILIES = (RESIDUAL_ROTATION, RESIDUAL_PERM, RESIDUAL_SCALE, HEAD_PERM, QK_MAP, OV_MAP, FFN_PERM, GLU_SCALE, EXPERT_PERM)
 #: a layer's head circuit: the head permutations (KV groups, query heads inside them) and the per-head QK
 #: and OV maps they re-index. The maps are only defined relative to a matching of heads, so weight matching
 #: solves the circuit as one step, heads first (`match/weight_steps.py`).
@@ -59,8 +61,9 @@ class LayerRoles:
     query_heads: the permutation of the query heads inside each KV group (GQA only), indexed by `heads`;
     qk:          the per-head QK map (queries by G, keys by G^{-T}), indexed by `heads`;
     ov:          the per-head OV map (values by G, the output projection by G^{-T}), indexed by `heads`;
-    ffn:         the permutation of the FFN hidden units;
-    glu:         the GLU scale of the hidden units (gated MLPs only), indexed by `ffn`.
+    ffn:         the permutation of the FFN hidden units (one per expert in a mixture of experts, indexed by `experts`);
+    glu:         the GLU scale of the hidden units (gated MLPs only), indexed by `ffn`;
+    experts:     the permutation of a mixture of experts' experts and the router's rows.
 
     The names are the spec's whether or not a selection chose the groups (`Spec.select` says which were)."""
 
@@ -70,6 +73,7 @@ class LayerRoles:
     ov: str | None = None
     ffn: str | None = None
     glu: str | None = None
+    experts: str | None = None
 
     @property
     def head_maps(self) -> tuple[str, ...]:
@@ -85,7 +89,7 @@ class LayerRoles:
 def _layer_names(i: int) -> LayerRoles:
     """The names the builder gives block i's groups, by role (the one place they are spelt)."""
     p = f"blocks.{i}"
-    return LayerRoles(f"{p}.heads", f"{p}.qheads", f"{p}.qk", f"{p}.ov", f"{p}.ffn", f"{p}.glu")
+    return LayerRoles(f"{p}.heads", f"{p}.qheads", f"{p}.qk", f"{p}.ov", f"{p}.ffn", f"{p}.glu", f"{p}.experts")
 
 
 @dataclass
@@ -139,6 +143,10 @@ class Spec:
         """Whether group `name` permutes attention heads: a layer's KV groups or the query heads inside them."""
         return self.groups[name].family == HEAD_PERM
 
+    def is_expert_permutation(self, name: str) -> bool:
+        """Whether group `name` relabels a mixture of experts' experts (with the router's rows)."""
+        return self.groups[name].family == EXPERT_PERM
+
     def restricted(self, families: list[str] | None) -> Spec:
         """This spec, with the residual rotation restricted to permutation matrices when `families` names
         residual_perm. Permutations fix the all-ones vector, so LayerNorm models admit them too; the group
@@ -169,9 +177,16 @@ class Spec:
         return [n for n, g in spec.groups.items() if g.family in families]
 
     def application_order(self) -> list[str]:
-        """Groups that re-index others (head and FFN permutations) act last."""
-        outer = {g.indexed_by for g in self.groups.values() if g.indexed_by}
-        return sorted(self.groups, key=lambda n: n in outer)
+        """Groups that re-index others (head and FFN permutations) act after them: by height, the length of
+        the longest chain of groups a group re-index (a GLU scale 0, the FFN permutation 1, in a mixture of
+        experts the expert permutation 2), so that each acts on what it re-indexes already moved."""
+        height: dict[str, int] = {}
+        for n in self.groups:  # walk up each chain of re-indexing from n
+            k, h = self.groups[n].indexed_by, 1
+            while k is not None:
+                height[k] = max(height.get(k, 0), h)
+                k, h = self.groups[k].indexed_by, h + 1
+        return sorted(self.groups, key=lambda n: height.get(n, 0))
 
 
 # --- building the specification ------------------------------------------------------------------
@@ -222,6 +237,11 @@ def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
         r.ov, OV_MAP, "invertible", dh, batch=(nkv,), constraints=clip, layer=i, indexed_by=r.heads,
         note="values are mixed linearly" + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
     )
+    if s.n_experts:
+        from .spec_experts import expert_groups
+
+        groups.update(expert_groups(s, i, r))
+        return
     groups[r.ffn] = G.Group(r.ffn, FFN_PERM, "permutation", s.d_mlp, layer=i,
                                  note="the activation acts elementwise")
     if s.gated:
@@ -254,7 +274,7 @@ def _residual_actions(s: ModelShape, axis: int, reader: bool, scaled: bool = Tru
 
 def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     p = f"blocks.{i}"
-    H, QH, QK, OV, FFN, GLU = astuple(_layer_names(i))
+    H, QH, QK, OV, FFN, GLU, _ = astuple(_layer_names(i))
     qh = [Action(QH, 1, "g", (0,))] if s.q_per_kv > 1 else []
     glu = [Action(GLU, 0, "g")] if s.gated else []
     # QK-norm shares the config's eps: under the residual scale (eps -> a^2 eps) q and k must scale by a too
@@ -281,6 +301,11 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
         + ([Action(GLU, 1, "inv_t")] if s.gated else []),
         f"{p}.mlp.b_out": _residual_actions(s, 0, False),
     }
+    if s.n_experts:
+        from .spec_experts import expert_actions
+
+        a = {k: v for k, v in a.items() if ".mlp." not in k}
+        a.update(expert_actions(s, i, _layer_names(i), _residual_actions))
     if s.qk_norm == "head":
         # g_Q, g_K: [d_head], the QK-norm weights shared by the heads: the signs and head permutations leave them
         a.update({f"{p}.attn.g_Q": [], f"{p}.attn.g_K": []})
@@ -338,46 +363,5 @@ def build_spec(s: ModelShape) -> Spec:
     return Spec(s, groups, actions, notes)
 
 
-# --- group elements: dicts {group name: tensor} over a whole spec -------------------------------------
-
-
-def identity_element(spec: Spec) -> dict[str, torch.Tensor]:
-    return {n: G.identity(g) for n, g in spec.groups.items()}
-
-
-def random_element(spec: Spec, gen: torch.Generator, families: list[str] | None = None, spread: float = 2.0):
-    """A random element of the selected families (identity elsewhere)."""
-    spec = spec.restricted(families)
-    chosen = set(spec.select(families))
-    return {n: (G.random_element(g, gen, spread) if n in chosen else G.identity(g)) for n, g in spec.groups.items()}
-
-
-def _reindex(spec: Spec, name: str, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """`(P X P^{-1})`: entry i of the batch takes entry perm[i] (X is indexed by the permuted axis)."""
-    group = spec.groups[name]
-    dim = 0 if group.batch else x.dim() - 1  # a diagonal's own entries, else its batch axis
-    return x.index_select(dim, perm)
-
-
-def inverse(spec: Spec, g: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The element h with apply(h, apply(g, θ)) = θ.
-
-    The action is θ -> P(C(θ)), with the permutations P acting after the maps C they re-index, so
-    (P C)^{-1} = P^{-1} (P C^{-1} P^{-1}): each re-indexed map is inverted, then re-indexed by P.
-    """
-    out = {n: G.inverse(spec.groups[n], x) for n, x in g.items()}
-    for n, grp in spec.groups.items():
-        if grp.indexed_by and n in g:
-            out[n] = _reindex(spec, n, out[n], g[grp.indexed_by])
-    return out
-
-
-def compose(spec: Spec, g2: dict, g1: dict) -> dict[str, torch.Tensor]:
-    """First g1, then g2: P2 C2 P1 C1 = (P2 P1)((P1^{-1} C2 P1) C1)."""
-    out = {}
-    for n, grp in spec.groups.items():
-        x2 = g2[n]
-        if grp.indexed_by:
-            x2 = _reindex(spec, n, x2, torch.argsort(g1[grp.indexed_by], dim=-1))
-        out[n] = G.compose(grp, x2, g1[n])
-    return out
+# the algebra of elements over a whole spec lives in elements.py; re-exported here, where callers import it from
+from .elements import compose, identity_element, inverse, random_element, reindex, unindex  # noqa: E402, F401

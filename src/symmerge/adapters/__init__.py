@@ -7,13 +7,14 @@ from .base import Adapter
 from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
+from .mixtral import MixtralAdapter
 from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter
 from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), OlmoAdapter(), Olmo2Adapter(), Qwen3Adapter(), ViTAdapter()):
+for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Qwen3Adapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 

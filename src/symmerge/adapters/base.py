@@ -84,6 +84,9 @@ class Adapter:
     #: config keys outside `ModelShape` that change the forward: two checkpoints written one in the
     #: other's shape (`symmerge expand`) must agree on them
     function_keys: tuple[str, ...] = ()
+    #: a mixture of experts' fused tensors (`<layer>.experts.<name>`, `[n_experts, rows, cols]`) that stock
+    #: checkpoints store one expert at a time: {name: the per-expert parts, concatenated along rows} (`stored.py`)
+    expert_parts: dict[str, tuple[str, ...]] = {}
 
     # --- to implement ---
     def shape(self, config) -> ModelShape:
@@ -161,9 +164,12 @@ class Adapter:
         return key
 
     def saved(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """`sd` under the names stock `save_pretrained` writes (`save_renames`)."""
+        """`sd` under the names stock `save_pretrained` writes (`save_renames`), fused expert tensors split
+        into their experts' parts (`expert_parts`)."""
+        from ..stored import split_experts
+
         out = {}
-        for key, t in sd.items():
+        for key, t in split_experts(self, sd).items():
             for pattern, repl in self.save_renames:
                 key = re.sub(pattern, repl, key)
             out[key] = t

@@ -45,17 +45,23 @@ def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config:
     )
 
 
-def decoder_block_to_canonical(get, s: ModelShape, i: int, ln1, ln2) -> dict[str, torch.Tensor]:
-    """Llama-layout block (`model.layers.i.self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`).
-
-    ln1, ln2: (gamma, beta) of the norms read by attention and MLP (beta None for RMSNorm)."""
+def decoder_attention_to_canonical(get, s: ModelShape, i: int, ln1) -> dict[str, torch.Tensor]:
+    """Llama-layout attention (`model.layers.i.self_attn.{q,k,v,o}_proj`); ln1: (gamma, beta) of the norm it reads."""
     p, hf = f"blocks.{i}", f"model.layers.{i}"
     a = lambda n: get(f"{hf}.self_attn.{n}_proj.weight")  # noqa: E731
     ab = lambda n: get(f"{hf}.self_attn.{n}_proj.bias", None)  # noqa: E731
     q, bq = fold_norm(a("q"), ab("q"), *ln1)
     k, bk = fold_norm(a("k"), ab("k"), *ln1)
     v, bv = fold_norm(a("v"), ab("v"), *ln1)
-    out = attention_to_canonical(p, s, q, k, v, a("o"), bq, bk, bv, ab("o"))
+    return attention_to_canonical(p, s, q, k, v, a("o"), bq, bk, bv, ab("o"))
+
+
+def decoder_block_to_canonical(get, s: ModelShape, i: int, ln1, ln2) -> dict[str, torch.Tensor]:
+    """Llama-layout block (`model.layers.i.self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`).
+
+    ln1, ln2: (gamma, beta) of the norms read by attention and MLP (beta None for RMSNorm)."""
+    p, hf = f"blocks.{i}", f"model.layers.{i}"
+    out = decoder_attention_to_canonical(get, s, i, ln1)
     m = lambda n: get(f"{hf}.mlp.{n}_proj.weight")  # noqa: E731
     mb = lambda n: get(f"{hf}.mlp.{n}_proj.bias", None)  # noqa: E731
     w_gate, b_gate = fold_norm(m("gate"), mb("gate"), *ln2)
@@ -74,19 +80,26 @@ def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool) -> di
     return sd
 
 
-def decoder_block_from_canonical(params, s: ModelShape, i: int, norm_weights: bool) -> dict[str, torch.Tensor]:
-    """All tensors a Llama-layout block could hold; `keep_expected` keeps those the class has."""
-    p, hf = f"blocks.{i}", f"model.layers.{i}"
-    q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+def decoder_attention_from_canonical(params, i: int, norm_weights: bool, d_model: int) -> dict[str, torch.Tensor]:
+    """All tensors a Llama-layout attention could hold, and the block's two norms (unit weight) with `norm_weights`."""
+    hf = f"model.layers.{i}"
+    q, k, v, o, bq, bk, bv, bo = attention_from_canonical(f"blocks.{i}", params)
     sd = {}
     for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
         sd[f"{hf}.self_attn.{n}_proj.weight"], sd[f"{hf}.self_attn.{n}_proj.bias"] = w, b
-    for n, c in (("gate", "gate"), ("up", "in"), ("down", "out")):
-        sd[f"{hf}.mlp.{n}_proj.weight"], sd[f"{hf}.mlp.{n}_proj.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
     if norm_weights:
-        ones = torch.ones(s.d_model, dtype=torch.float64)
+        ones = torch.ones(d_model, dtype=torch.float64)
         sd[f"{hf}.input_layernorm.weight"] = ones
         sd[f"{hf}.post_attention_layernorm.weight"] = ones
+    return sd
+
+
+def decoder_block_from_canonical(params, s: ModelShape, i: int, norm_weights: bool) -> dict[str, torch.Tensor]:
+    """All tensors a Llama-layout block could hold; `keep_expected` keeps those the class has."""
+    p, hf = f"blocks.{i}", f"model.layers.{i}"
+    sd = decoder_attention_from_canonical(params, i, norm_weights, s.d_model)
+    for n, c in (("gate", "gate"), ("up", "in"), ("down", "out")):
+        sd[f"{hf}.mlp.{n}_proj.weight"], sd[f"{hf}.mlp.{n}_proj.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
     return sd
 
 

@@ -35,7 +35,7 @@ def run(args) -> int:
     from ..data import is_vision, load_batches
     from ..evaluate import evaluate
     from ..io import Checkpoint, load_config
-    from ..model import hf_class
+    from ..model import hf_class, runs_in
 
     place = devices.resolve(args)
     check_report_file(args.json, "--json")
@@ -50,7 +50,8 @@ def run(args) -> int:
         cls = hf_class(names[0])
     except AttributeError:
         raise SymmergeError(f"{args.model}: transformers has no class {names[0]} (config.json architectures)") from None
-    model = cls.from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True, dtype=dtype)
+    model = cls.from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True, dtype=dtype,
+                                config=runs_in(config, dtype))
     model.to(place.device)
     res = evaluate(model, batches)
     unit = "image" if is_vision(config) else "token"

@@ -74,7 +74,7 @@ def _hook_points(model: Model) -> list[tuple[str, tuple, bool]]:
     """(module, key, whether its input is hooked) for every activation kept: the streams the readers read
     (("norm", name)), the attention's input (("x_attn", i)) and the FFN hidden vector (("ffn", i))."""
     hooks = model.adapter.hooks
-    if hooks is None or not hooks.norms:
+    if hooks is None or not hooks.norms or model.shape.n_experts:  # experts: no one FFN hidden vector per layer
         raise SymmergeError(f"activation matching has no hook points for {model.adapter.name}; use --method weight")
     layers = [hooks.layer(i) for i in range(model.shape.n_layers)]
     ins = hooks.reads_inputs

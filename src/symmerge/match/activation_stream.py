@@ -75,7 +75,7 @@ class Runner:
         self.parts = InMemoryParts(source.params) if isinstance(source, Model) else source
         self.adapter, self.shape, self.dtype = source.adapter, source.shape, dtype
         hooks = self.adapter.hooks
-        if hooks is None or not hooks.norms or hooks.block is None or hooks.attention is None:
+        if hooks is None or not hooks.norms or hooks.block is None or hooks.attention is None or self.shape.n_experts:
             raise SymmergeError(f"activation matching has no hook points for {self.adapter.name}; use --method weight")
         self.hooks = hooks
         ends = {**self.parts.part("embed"), **self.parts.part("final")}

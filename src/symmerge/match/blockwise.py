@@ -49,7 +49,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from .. import SymmergeError
 from ..evaluate import model_inputs
-from ..model import InMemoryParts, Model, hf_class, part_keys, part_of
+from ..model import InMemoryParts, Model, hf_class, part_keys, part_of, runs_in
 
 Params = dict[str, torch.Tensor]
 #: what `end_state` hands `ends_from_canonical` for a tensor fed by rows (never reaches the stock model)
@@ -182,7 +182,7 @@ def weightless(config, class_name: str, dtype: torch.dtype, device=None):
     torch.set_default_dtype(dtype)
     try:
         with no_init_weights(), _parameters_on_meta(), torch.device(device or "cpu"):
-            model = hf_class(class_name)(config)
+            model = hf_class(class_name)(runs_in(config, dtype))
     finally:
         torch.set_default_dtype(old)
     return model.eval().requires_grad_(False)

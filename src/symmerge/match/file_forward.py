@@ -26,6 +26,7 @@ from .. import SymmergeError
 from ..adapters import adapter_for
 from ..evaluate import model_inputs
 from ..io import Checkpoint
+from ..stored import StoredNames
 from .blockwise import StandIn, weightless
 
 Params = dict[str, torch.Tensor]
@@ -49,7 +50,7 @@ class FileForward:
         self.adapter = adapter_for(config)
         shape = self.adapter.shape(config)
         self.dtype = dtype
-        self.names = {self.adapter.rename(k): k for k in self.ckpt.names()}  # stock name -> name in the files
+        self.names = StoredNames(self.adapter, self.ckpt)  # stock names -> the tensors in the files
         hooks = self.adapter.hooks
         if hooks is None or hooks.block is None:
             raise SymmergeError(f"{shape.hf_class}: the adapter names no block modules (HookPoints.block)")
@@ -67,7 +68,7 @@ class FileForward:
         if missing:
             raise SymmergeError(f"{self.ckpt.path}: tensor {missing[0]} is missing; the checkpoint does not match its config.json")
         try:
-            return {k: self.ckpt.get(self.names[k]).to(self.dtype) for k in keys}
+            return {k: self.names.get(k).to(self.dtype) for k in keys}
         finally:
             self.ckpt.close()
 

@@ -21,7 +21,8 @@ def summarize(spec: Spec, g: dict[str, torch.Tensor], chosen: list[str]) -> dict
         fam = families.setdefault(grp.family, {"groups": 0})
         fam["groups"] += 1
         if "moved" in per_group[n]:  # permutations
-            key = "query_heads_moved" if grp.indexed_by else "heads_moved" if spec.is_head_permutation(n) else "units_moved"
+            key = (("query_heads_moved" if grp.indexed_by else "heads_moved") if spec.is_head_permutation(n)
+                   else "experts_moved" if spec.is_expert_permutation(n) else "units_moved")
             fam[key] = fam.get(key, 0) + per_group[n]["moved"]
         elif "max_angle_deg" in per_group[n]:  # orthogonal maps
             fam["max_angle_deg"] = max(fam.get("max_angle_deg", 0.0), per_group[n]["max_angle_deg"])

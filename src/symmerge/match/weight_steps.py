@@ -11,21 +11,24 @@ import time
 import torch
 
 from .. import groups as G
-from ..spec import Spec
+from ..spec import Spec, reindex, unindex
 from . import costs
 from .solvers import assignment_minimising, best_scale, linear_assignment, minimising_costs, solve_map
+from .weight_products import cross, operand
 from .weight_state import State, scatter, without
 
 
 def schedule(spec: Spec, chosen: set[str]) -> list[list[str]]:
-    """Steps of one sweep: lists of groups solved together (a layer's attention groups form one step)."""
+    """Steps of one sweep: lists of groups solved together (a layer's attention groups form one step; so do a
+    mixture of experts' expert permutation and the FFN permutations inside the experts, when both are chosen)."""
     steps = [[n] for n, g in spec.groups.items() if g.layer is None and n in chosen]
     for i in range(spec.shape.n_layers):
         layer = [n for n, g in spec.groups.items() if g.layer == i and n in chosen]
         heads = [n for n in layer if spec.in_head_circuit(n)]
-        if heads:
-            steps.append(heads)
-        steps += [[n] for n in layer if n not in heads]
+        roles = spec.layer_roles(i)
+        experts = [roles.experts, roles.ffn] if roles.experts in layer and roles.ffn in layer else []
+        steps += [s for s in (heads, experts) if s]
+        steps += [[n] for n in layer if n not in heads and n not in experts]
     return steps
 
 
@@ -61,11 +64,10 @@ def solve_scaling(st: State, name: str, allowed) -> dict:
                 p, q = p + (xb * xb).sum(dims), q + (xa * xb).sum(dims)
             else:
                 s, t = s + (xb * xb).sum(dims), t + (xa * xb).sum(dims)
-    perm = st.g[grp.indexed_by] if grp.indexed_by else None
-    current = st.g[name] if perm is None else st.g[name][perm]  # in A's order
+    current = reindex(st.spec, name, st.g[name], st.g)  # in A's order
     d = best_scale(p, q, s, t, positive=grp.structure.positive)
     d = torch.where(torch.isfinite(d), d, current)
-    return {**st.g, name: scatter(d, perm)}
+    return {**st.g, name: unindex(st.spec, name, d, st.g)}
 
 
 def _solve_permutation(st: State, name: str, allowed) -> dict:
@@ -78,7 +80,7 @@ def _solve_permutation(st: State, name: str, allowed) -> dict:
     eps = torch.finfo(s.dtype).eps
     del s  # the assignments hold only the float64 costs
     p = torch.stack([assignment_minimising(c, eps) for c in cost]).reshape(lead)
-    return {**st.g, name: p}
+    return {**st.g, name: unindex(st.spec, name, p, st.g)}  # batched by a permutation (an expert's units): B's order
 
 
 def _head_perms(st: State, names: list[str], bp: dict, chosen: set[str]) -> dict:
@@ -136,6 +138,35 @@ def _solve_heads(st: State, names: list[str], allowed, chosen: set[str]) -> dict
     return cand
 
 
+def _solve_experts(st: State, names: list[str], allowed) -> dict:
+    """A mixture of experts' expert permutation and the FFN permutations inside the experts, from a cost between
+    whole experts that does not depend on the order of their units: each pair (A's expert a, B's expert b) is
+    scored by the best assignment of b's units to a's (the FFN permutation's cost, `sum_t A_t B_t^T` over the
+    unit axis, restricted to the pair) plus the similarity of their router rows; experts are assigned on these
+    scores, then each matched pair keeps its unit assignment (as `assign_heads` does for query heads). `allowed`
+    (the first sweep): the tensors the scores may use (None: all)."""
+    spec = st.spec
+    roles = spec.layer_roles(spec.groups[names[0]].layer)
+    touched = sorted({t for n in (roles.experts, roles.ffn) for t in costs.touching(spec, n)} & set(st.A))
+    bp = st.moved(touched, without(st.g, [roles.experts, roles.ffn]))  # B's experts and units in B's order
+    use = [t for t in st.A if allowed is None or t in allowed]
+    units = [(costs.along(st.A[t], a), costs.along(bp[t], a)) for t, a in costs.touching(spec, roles.ffn).items()
+             if t in use]
+    xa, xb = (torch.cat([u[k] for u in units], -1) for k in (0, 1))  # [E, d_mlp, m]
+    rows = [(costs.along(st.A[t], a), costs.along(bp[t], a)) for t, a in costs.touching(spec, roles.experts).items()
+            if t in use and not any(b.group == roles.ffn for b in spec.actions[t])]  # the router: [E, m']
+    router = sum((ra @ rb.T for ra, rb in rows), torch.zeros(xa.shape[0], xa.shape[0], dtype=xa.dtype))
+    n = xa.shape[0]
+    value, inner = torch.zeros(n, n, dtype=G.DTYPE), torch.zeros(n, n, xa.shape[1], dtype=torch.long)
+    for a in range(n):
+        sims = cross(operand(xa[a], st.products).unsqueeze(0), operand(xb, st.products), st.products)
+        for b in range(n):  # sims[b]: A's expert a's units against B's expert b's, [d_mlp, d_mlp]
+            inner[a, b] = linear_assignment(sims[b])
+            value[a, b] = sims[b][torch.arange(xa.shape[1]), inner[a, b]].sum() + router[a, b]
+    p = linear_assignment(value)
+    return {**st.g, roles.experts: p, roles.ffn: scatter(inner[torch.arange(n), p], p)}
+
+
 #: KV groups whose maps are solved at once (`_solve_map_in_chunks`)
 MAP_CHUNK = 8
 
@@ -156,7 +187,7 @@ def _solve_map_in_chunks(grp, xa, xb, ya, yb, chunk: int | None = None) -> torch
 
 
 #: the kinds of step, which pick the solver and name the reports' `seconds_by_step_kind` entries
-ATTENTION, PERMUTATION, SCALING = "attention", "permutation", "scaling"
+ATTENTION, EXPERTS, PERMUTATION, SCALING = "attention", "experts", "permutation", "scaling"
 
 
 def _step_kind(spec: Spec, step: list[str]) -> str:
@@ -164,8 +195,10 @@ def _step_kind(spec: Spec, step: list[str]) -> str:
     its kind's solver (`kinds.Kind.solver`) is the assignment (the FFN permutation), SCALING otherwise
     (the GLU scales' closed form)."""
     grp = spec.groups[step[0]]
-    if len(step) > 1 or spec.in_head_circuit(step[0]):
+    if spec.in_head_circuit(step[0]):
         return ATTENTION
+    if len(step) > 1:
+        return EXPERTS
     return PERMUTATION if grp.structure.solver == "assignment" else SCALING
 
 
@@ -173,8 +206,12 @@ def _step(st: State, step: list[str], solved: set[str], chosen: set[str], first:
     spec = st.spec
     step_kind = _step_kind(spec, step)
     allowed = _allowed(spec, step[0], solved, chosen) if first and len(step) == 1 else None
+    if first and step_kind == EXPERTS:  # the tensors that neither an unsolved GLU scale nor another group touches
+        allowed = set().union(*(_allowed(spec, n, solved | set(step), chosen) or costs.touching(spec, n) for n in step))
     if step_kind == ATTENTION:
         cand = _solve_heads(st, step, allowed, chosen)
+    elif step_kind == EXPERTS:
+        cand = _solve_experts(st, step, allowed)
     elif step_kind == PERMUTATION:
         cand = _solve_permutation(st, step[0], allowed)
     else:

@@ -1,0 +1,130 @@
+"""Mixtures of experts (Mixtral): the expert permutation and the per-expert FFN groups against the stock forward,
+their negative controls, the per-expert storage of stock checkpoints, and planted recovery by weight matching.
+
+The property tests of every family (tests/test_symmetry.py) cover Mixtral's group element by element; here are
+the parts that only a mixture of experts has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import transformers as T
+from safetensors.torch import save_file
+
+from checks import assert_different_function, assert_same_function, gap
+from factories import example_inputs, logits, make_model, rel_distance, save_model
+from symmerge import cli
+from symmerge.apply import apply
+from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.spec import random_element
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    """(canonical model, the logits of its stock forward) of the tiny float64 Mixtral."""
+    model = load_model(save_model(make_model("mixtral"), tmp_path_factory.mktemp("mixtral") / "m"))
+    return model, _forward(model, model.params)
+
+
+def _forward(model, params):
+    config, sd = export_state_dict(model, params)
+    return logits(build_hf_model(config, sd, model.shape.hf_class), example_inputs("mixtral"))
+
+
+def _without(spec, tensors: tuple[str, ...], suffix: str, how: str | None = None):
+    """`spec` with the actions of the groups ending in `suffix` (and of kind `how`, if given) dropped from the
+    tensors whose names end in one of `tensors`: the wrong action of a negative control."""
+    def keep(name, a):
+        return not (name.endswith(tensors) and a.group.endswith(suffix) and how in (None, a.how))
+
+    return dataclasses.replace(spec, actions={k: [a for a in v if keep(k, a)] for k, v in spec.actions.items()})
+
+
+def test_the_spec_states_the_expert_group(mixtral):
+    spec = mixtral[0].spec
+    assert "expert_perm" in spec.families()
+    experts, ffn, glu = (spec.groups[f"blocks.1.{n}"] for n in ("experts", "ffn", "glu"))
+    assert (experts.kind, experts.size, experts.batch) == ("permutation", 4, ())
+    assert "router" in experts.note and "top 2 of 4" in experts.note
+    assert (ffn.size, ffn.batch, ffn.indexed_by) == (24, (4,), "blocks.1.experts")
+    assert (glu.batch, glu.indexed_by) == ((4,), "blocks.1.ffn")
+    assert spec.application_order()[-2:] == ["blocks.0.experts", "blocks.1.experts"]  # after what they re-index
+    assert {a.group for a in spec.actions["blocks.0.moe.W_router"]} == {"residual.rotation", "blocks.0.experts"}
+
+
+def test_inspect_shows_the_expert_group(mixtral, capsys):
+    assert cli.main(["inspect", str(mixtral[0].path)]) == 0
+    out = capsys.readouterr().out
+    assert "expert_perm" in out and "router" in out
+
+
+@pytest.mark.parametrize("tensors,suffix,how,what", [
+    (("W_router",), ".experts", None, "experts relabelled, the router's rows not"),
+    (("W_in", "W_gate", "W_out"), ".experts", None, "the router's rows permuted, the experts not"),
+    (("W_out",), ".ffn", None, "an expert's units permuted in up and gate, not in down"),
+    (("W_out",), ".glu", None, "an expert's GLU scale on up, not undone on down"),
+])
+def test_wrong_expert_actions_change_the_logits(mixtral, tensors, suffix, how, what):
+    model, ref = mixtral
+    family = {".experts": "expert_perm", ".ffn": "ffn_perm", ".glu": "glu_scale"}[suffix]
+    g = random_element(model.spec, torch.Generator().manual_seed(2), [family])
+    right = _forward(model, apply(model.spec, g, model.params))
+    assert_same_function(right, ref, dtype=torch.float32, what=f"{family} as the spec says")
+    wrong = _forward(model, apply(_without(model.spec, tensors, suffix, how), g, model.params))
+    assert gap(wrong, ref, dtype=torch.float32) > 100, what
+
+
+def test_per_expert_files_are_read_and_written(mixtral, tmp_path):
+    """Stock `save_pretrained` stores each expert's w1, w2, w3 on its own; a checkpoint holding the fused tensors
+    under the class's names reads the same; symmerge writes what stock writes, and stock loads it."""
+    model, ref = mixtral
+    stored = json.loads((model.path / "model.safetensors.index.json").read_text())["weight_map"] \
+        if (model.path / "model.safetensors.index.json").exists() else None
+    from safetensors import safe_open
+
+    with safe_open(str(model.path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert stored is None and "model.layers.0.block_sparse_moe.experts.3.w2.weight" in names
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    (fused / "config.json").write_text((model.path / "config.json").read_text())
+    hf = make_model("mixtral")
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
+    other = load_model(fused)
+    assert all(torch.equal(other.params[k], v) for k, v in model.params.items())
+
+    out = tmp_path / "out"
+    assert cli.main(["transform", str(model.path), "-o", str(out), "--seed", "3"]) == 0
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == names
+    hf_out = T.MixtralForCausalLM.from_pretrained(out, experts_implementation="eager").eval()
+    assert_same_function(logits(hf_out, example_inputs("mixtral")), ref, dtype=torch.float32, what="transformed")
+
+
+def test_transform_then_align_recovers_a(mixtral, tmp_path):
+    """A planted copy (`transform --seed`) is aligned back exactly by weight matching: experts, units, and
+    every other group."""
+    model, ref = mixtral
+    a, b, c = model.path, tmp_path / "b", tmp_path / "c"
+    assert cli.main(["transform", str(a), "-o", str(b), "--seed", "4"]) == 0
+    assert cli.main(["align", str(a), str(b), "-o", str(c), "--json", str(tmp_path / "r.json"), "--groups", "all"]) == 0
+    A, B, C = (load_model(x) for x in (a, b, c))
+    assert rel_distance(B.params, A.params) > 0.5
+    assert rel_distance(C.params, A.params) <= 1e-5
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["objective"][-1] > 1 - 1e-10 and rep["objective"][0] < 0.5
+    assert rep["families"]["expert_perm"]["experts_moved"] > 0 and rep["families"]["ffn_perm"]["units_moved"] > 0
+    hf_c = T.MixtralForCausalLM.from_pretrained(c, experts_implementation="eager").eval()
+    hf_b = T.MixtralForCausalLM.from_pretrained(b, experts_implementation="eager").eval()
+    x = example_inputs("mixtral")
+    assert_same_function(hf_c, hf_b, x, what="aligned Mixtral")
+    assert_same_function(logits(hf_c, x), ref, dtype=torch.float32, what="aligned Mixtral against A")
+    shuffled = {k: (v.flip(0) if k.endswith("mlp.gate.weight") else v) for k, v in hf_c.state_dict().items()}
+    hf_c.load_state_dict(shuffled)
+    assert_different_function(hf_c, hf_b, x, what="the router's rows reversed")
