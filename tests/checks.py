@@ -4,8 +4,9 @@
 
 The dtype is the precision the forward really runs in: the weights' dtype, but at most float32 for
 the stock classes whose norms compute in float32 whatever the weights' dtype (Llama, Mistral,
-Qwen2, Qwen3, Mixtral and OLMo-2's RMSNorm (Mixtral's router softmax too), OLMo's LayerNorm cast to float32 and back). Float64 models of the other classes
-(GPT-2, GPT-NeoX, ViT) agree to float64 precision, so a flat 1e-4 would be eight orders too loose.
+Qwen2, Qwen3, Mixtral and OLMo-2's RMSNorm (Mixtral's router softmax too), OLMo's LayerNorm cast to
+float32 and back). Float64 models of the other classes (GPT-2, GPT-NeoX, ViT) agree to float64
+precision, so a flat 1e-4 would be eight orders too loose.
 """
 
 from __future__ import annotations

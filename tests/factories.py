@@ -122,6 +122,23 @@ def logits(model, inputs: dict) -> torch.Tensor:
         return model(**x).logits
 
 
+def stock_logits(model, params: dict, inputs: dict) -> torch.Tensor:
+    """The stock HF forward of the canonical `params` of `model` (exported in its config) on `inputs`."""
+    from symmerge.model import build_hf_model, export_state_dict
+
+    config, sd = export_state_dict(model, params)
+    return logits(build_hf_model(config, sd, model.shape.hf_class), inputs)
+
+
+def loaded_with_logits(arch: str, folder: Path):
+    """(the tiny float64 `arch` model saved in `folder` and loaded in canonical form, its stock logits on
+    `example_inputs(arch)`)."""
+    from symmerge.model import load_model
+
+    model = load_model(save_model(make_model(arch), folder))
+    return model, stock_logits(model, model.params, example_inputs(arch))
+
+
 def lm_batches(n: int, seed: int, size: int = 4, length: int = 12) -> list[dict]:
     """Synthetic language-model batches (random token ids), in the shape `symmerge.data.load_batches` returns."""
     gen = torch.Generator().manual_seed(seed)

@@ -16,10 +16,10 @@ import transformers as T
 from safetensors.torch import save_file
 
 from checks import assert_different_function, assert_same_function, gap
-from factories import example_inputs, logits, make_model, rel_distance, save_model
+from factories import example_inputs, loaded_with_logits, logits, make_model, rel_distance, stock_logits
 from symmerge import cli
 from symmerge.apply import apply
-from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.model import load_model
 from symmerge.spec import random_element
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,13 +28,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory):
     """(canonical model, the logits of its stock forward) of the tiny float64 Mixtral."""
-    model = load_model(save_model(make_model("mixtral"), tmp_path_factory.mktemp("mixtral") / "m"))
-    return model, _forward(model, model.params)
+    return loaded_with_logits("mixtral", tmp_path_factory.mktemp("mixtral") / "m")
 
 
 def _forward(model, params):
-    config, sd = export_state_dict(model, params)
-    return logits(build_hf_model(config, sd, model.shape.hf_class), example_inputs("mixtral"))
+    return stock_logits(model, params, example_inputs("mixtral"))
 
 
 def _without(spec, tensors: tuple[str, ...], suffix: str, how: str | None = None):

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from checks import assert_different_function, assert_same_function
-from factories import example_inputs, logits, make_model, save_model
+from factories import example_inputs, loaded_with_logits, make_model, save_model, stock_logits
 from symmerge import groups as G
 from symmerge.apply import apply
-from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.model import load_model
 from symmerge.spec import random_element
 
 ROT = "residual.rotation"
@@ -27,13 +27,11 @@ F32 = torch.float32  # OLMo-2's RMSNorm computes in float32
 
 @pytest.fixture(scope="module")
 def olmo2(tmp_path_factory):
-    model = load_model(save_model(make_model("olmo2"), tmp_path_factory.mktemp("olmo2") / "m"))
-    return model, _forward(model, model.params)
+    return loaded_with_logits("olmo2", tmp_path_factory.mktemp("olmo2") / "m")
 
 
-def _forward(model, params, spec=None):
-    config, sd = export_state_dict(model, params)
-    return logits(build_hf_model(config, sd, model.shape.hf_class), example_inputs("olmo2"))
+def _forward(model, params):
+    return stock_logits(model, params, example_inputs("olmo2"))
 
 
 def _posts(model) -> list[str]:

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from checks import assert_different_function, assert_same_function
-from factories import example_inputs, logits, make_model, save_model
+from factories import example_inputs, loaded_with_logits, logits, save_model, stock_logits
 from symmerge import groups as G
 from symmerge.apply import apply
-from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.model import load_model
 from symmerge.spec import random_element
 
 QK = "blocks.0.qk"
@@ -27,13 +27,11 @@ QK = "blocks.0.qk"
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    model = load_model(save_model(make_model("qwen3"), tmp_path_factory.mktemp("qwen3") / "m"))
-    return model, _forward(model, model.params)
+    return loaded_with_logits("qwen3", tmp_path_factory.mktemp("qwen3") / "m")
 
 
 def _forward(model, params):
-    config, sd = export_state_dict(model, params)
-    return logits(build_hf_model(config, sd, model.shape.hf_class), example_inputs("qwen3"))
+    return stock_logits(model, params, example_inputs("qwen3"))
 
 
 def _pair_map(group, a, b) -> torch.Tensor:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from checks import NORM_IN_FP32, assert_same_function, gap
-from factories import ARCHS, example_inputs, logits, make_config
+from factories import ARCHS, example_inputs, logits, make_config, stock_logits
 from symmerge import groups as G
 from symmerge.apply import apply
-from symmerge.model import build_hf_model, export_state_dict, load_model
+from symmerge.model import export_state_dict, load_model
 from symmerge.spec import compose, inverse, random_element
 
 SEEDS = (0, 1, 2)
@@ -27,11 +27,6 @@ def precision(arch: str) -> torch.dtype:
     return torch.float32 if make_config(arch).model_type in NORM_IN_FP32 else torch.float64
 
 
-def forward(model, params, inputs):
-    config, sd = export_state_dict(model, params)
-    return logits(build_hf_model(config, sd, model.shape.hf_class), inputs)
-
-
 @pytest.fixture(scope="module")
 def loaded(model_dirs):
     return {arch: load_model(path) for arch, path in model_dirs.items()}
@@ -40,7 +35,7 @@ def loaded(model_dirs):
 @pytest.fixture(scope="module")
 def references(loaded):
     """Logits of the source checkpoints through the stock forward of the exported canonical form."""
-    return {arch: forward(m, m.params, example_inputs(arch)) for arch, m in loaded.items()}
+    return {arch: stock_logits(m, m.params, example_inputs(arch)) for arch, m in loaded.items()}
 
 
 def families_of(arch: str) -> list[str]:
@@ -74,7 +69,7 @@ def test_group_element_preserves_logits_and_inverts(arch, family, seed, loaded, 
     moved = apply(model.spec, g, model.params)
 
     ref = references[arch]
-    out = forward(model, moved, example_inputs(arch))
+    out = stock_logits(model, moved, example_inputs(arch))
     assert_same_function(out, ref, dtype=precision(arch), what=f"{arch} moved by {family}")
 
     # the parameters really changed (discrete groups on tiny sizes can draw the identity: avoid by seed)
@@ -125,7 +120,7 @@ def _flip(spec, group_prefix: str, how_from: str, how_to: str):
 
 
 def _changed(model, spec, g, arch, references) -> float:
-    out = forward(model, apply(spec, g, model.params), example_inputs(arch))
+    out = stock_logits(model, apply(spec, g, model.params), example_inputs(arch))
     return gap(out, references[arch], dtype=precision(arch))
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import astuple, dataclass, field, replace
 
-import torch
-
 from . import SymmergeError
 from . import groups as G
 from .rotary import LAYOUTS
