@@ -7,9 +7,9 @@ the depth at the same width) are written as bf16 safetensors shard by shard (wei
 kept in bf16), then one step (loss at lambda 0.5, backward, Adam on the group parameters); the child
 reports `resource.getrusage(RUSAGE_SELF).ru_maxrss` after building and after the step.
 
-    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b
-    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b --layers 12
-    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-410m
+    PYTHONPATH=src python benchmarks/learned_memory.py --root runs/blockwise --shape pythia-1.4b
+    PYTHONPATH=src python benchmarks/learned_memory.py --root runs/blockwise --shape pythia-1.4b --layers 12
+    PYTHONPATH=src python benchmarks/learned_memory.py --root runs/blockwise --shape pythia-410m
 
 The target (issue 13): peak <= 1.3 x the two endpoints' bytes + 1 GiB, and flat in depth (peak minus
 endpoints about the same at every depth).
@@ -20,7 +20,7 @@ with one weight-matching sweep, one learning step on one window of `--seq` chara
 grid on one window at steps 0 and 1, the outputs written and checked; its maximum resident set size is the
 peak of the whole command (`--cli-args` adds or overrides flags).
 
-    PYTHONPATH=src python benchmarks/learned_memory.py --root /work/runs/blockwise --shape pythia-1.4b \
+    PYTHONPATH=src python benchmarks/learned_memory.py --root runs/blockwise --shape pythia-1.4b \
         --cli ../shared/data/tinyshakespeare.txt
 
 `--phases` (with `--cli`) runs the same command in-process instead, with each phase of it wrapped (loading,
@@ -223,7 +223,7 @@ def file_bytes(folder: Path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default="/work/runs/blockwise", help="folder for the random checkpoints")
+    ap.add_argument("--root", default="runs/blockwise", help="folder for the random checkpoints")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="pythia-1.4b")
     ap.add_argument("--layers", type=int, default=None, help="depth (default: the shape's)")
     ap.add_argument("--method", choices=("learned", "dual"), default="dual")

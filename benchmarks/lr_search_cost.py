@@ -7,7 +7,7 @@ the search's seconds (`plan.lr_search.seconds`), the run's seconds (the learning
 ratio, and the search's counted cost against the run's steps (`cost_steps / run_steps`, at most 0.1 by
 construction, `match/lr_search.py`).
 
-    PYTHONPATH=src python benchmarks/lr_search_cost.py --folder /work/runs/polish/lrcost --arch llama \\
+    PYTHONPATH=src python benchmarks/lr_search_cost.py --folder runs/polish/lrcost --arch llama \\
         --method dual --steps 600
 """
 

@@ -4,7 +4,7 @@ that mean (the seeds share the test batches: the spread over test batches of eac
 peak, averaged over seeds), the mean accuracy barrier, and (first seed) the permutation entries that
 learning reassigned. Prints a markdown table per file.
 
-    python benchmarks/reproduction_summary.py /work/runs/pub_vit.jsonl [more.jsonl ...]
+    python benchmarks/reproduction_summary.py runs/pub_vit.jsonl [more.jsonl ...]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The rotary study (issue 17): barriers of pairs trained alike but for one factor, through the CLI.
 
-    PYTHONPATH=src python benchmarks/rotary_study.py --runs /work/runs/study --work /work/runs/rotary/study \
+    PYTHONPATH=src python benchmarks/rotary_study.py --runs runs/study --work runs/rotary/study \
         --data ../shared/data/tinyshakespeare.txt --pairs gpt2,neox,llama --rows plain,weight,dual
 
 A pair NAME is `RUNS/ts-char-NAME-demo-seed0` (A) and `...-seed1` (B), trained by `symmerge train` with the
@@ -208,8 +208,8 @@ def main() -> None:
     if sys.argv[1:2] == [QKROPE]:
         qk_as_rotary()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="/work/runs/study", help="folder of the trained pairs")
-    ap.add_argument("--work", default="/work/runs/rotary/study", help="outputs and reports, one folder per row")
+    ap.add_argument("--runs", default="runs/study", help="folder of the trained pairs")
+    ap.add_argument("--work", default="runs/rotary/study", help="outputs and reports, one folder per row")
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--pairs", default="gpt2,neox,llama", help="comma-separated pair names")
     ap.add_argument("--rows", default="plain,weight,dual", help=f"comma-separated, from {','.join(ROWS)}")
