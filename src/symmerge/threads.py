@@ -44,7 +44,3 @@ def one_thread():
             if _depth == 0:
                 torch.set_num_threads(_saved)
 
-
-def available() -> int:
-    """The process's thread count outside any `one_thread` block (what workers may share)."""
-    return _saved if _depth else torch.get_num_threads()
