@@ -17,9 +17,9 @@ from conftest import shared_data
 from factories import example_inputs, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.match.activation import activation_match
 from symmerge.model import load_model
-from symmerge.spec import random_element
 from symmerge.tokenizers import char_tokenizer
 from test_weight_matching import SUPPORTED
 

@@ -15,10 +15,10 @@ from symmerge.apply import apply
 from symmerge.barrier import barrier
 from symmerge.cli import main
 from symmerge.data import load_batches
+from symmerge.elements import random_element
 from symmerge.evaluate import interpolate
 from symmerge.merge import check_compatible
 from symmerge.model import build_hf_model, export_state_dict, load_model, save_model
-from symmerge.spec import random_element
 from symmerge.train import TrainArgs, train
 
 

@@ -208,8 +208,8 @@ def test_the_largest_spread_still_preserves_the_function(trained, tmp_path):
     library call the CLI refuses) it does not: the cap is where the conditioning breaks, not arbitrary."""
     from symmerge.apply import apply
     from symmerge.commands.transform import SPREAD_MAX
+    from symmerge.elements import random_element
     from symmerge.model import load_model, save_model
-    from symmerge.spec import random_element
 
     src, batch = trained["llama_gqa_tied"]
     cls = T.LlamaForCausalLM

@@ -43,7 +43,7 @@ def _config(method: str, steps: int = 6):
 
 
 def _init(b, method: str):
-    from symmerge.spec import random_element
+    from symmerge.elements import random_element
 
     return random_element(b.spec, torch.Generator().manual_seed(7 if method == "learned" else 8))
 

@@ -12,11 +12,11 @@ from checks import assert_reported_gap, assert_same_function
 from factories import lm_batches
 from learned_common import CONTINUOUS, char_pair, logits_of, quick
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.outputs import output_report, save_outputs
-from symmerge.spec import random_element
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -38,8 +38,8 @@ def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
     (gA^-1 gB)·B): dual matching reaches the same paths (the same losses at every lam) as one-sided
     matching with g = gA^-1 gB; it can differ only in how the optimiser gets there. Stock HF logits,
     float64. Negative control: dropping gA^-1 changes the path."""
+    from symmerge.elements import compose, inverse
     from symmerge.evaluate import interpolate
-    from symmerge.spec import compose, inverse
 
     a, b = pair
     gen = torch.Generator().manual_seed(5)

@@ -13,9 +13,9 @@ from checks import assert_same_function, stock
 from factories import example_inputs, make_config, make_model, rel_distance
 from symmerge.apply import apply
 from symmerge.cli import main
+from symmerge.elements import random_element
 from symmerge.expand import expand_checkpoint
 from symmerge.model import load_model, save_model
-from symmerge.spec import random_element
 from symmerge.tokenizers import char_tokenizer
 
 

@@ -19,8 +19,8 @@ from checks import assert_different_function, assert_same_function, gap
 from factories import example_inputs, loaded_with_logits, logits, make_model, rel_distance, stock_logits
 from symmerge import cli
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.model import load_model
-from symmerge.spec import random_element
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,6 +17,7 @@ from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
 from symmerge.barrier import highest_excess
+from symmerge.elements import random_element
 from symmerge.evaluate import StockForward
 from symmerge.match.learn_config import LearnConfig, parse_lam_range
 from symmerge.match.learn_loop import Interrupted, peak_lambda
@@ -24,7 +25,6 @@ from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
 from symmerge.model import load_model
-from symmerge.spec import random_element
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 

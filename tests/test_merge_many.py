@@ -23,11 +23,11 @@ from symmerge.apply import apply
 from symmerge.barrier_many import many_barrier
 from symmerge.cli import main
 from symmerge.data import load_batches
+from symmerge.elements import random_element
 from symmerge.match.many import objective, weight_match_many
 from symmerge.model import load_model
 from symmerge.model import save_model as save_canonical
 from symmerge.simplex import dirichlet
-from symmerge.spec import random_element
 from symmerge.train import TrainArgs, train
 
 README = Path(__file__).resolve().parents[1] / "README.md"

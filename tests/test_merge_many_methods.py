@@ -22,6 +22,7 @@ from checks import assert_different_function, assert_same_function, stock, toler
 from factories import lm_batches, make_model, save_model
 from symmerge.apply import apply
 from symmerge.barrier_many import many_barrier
+from symmerge.elements import random_element
 from symmerge.evaluate import StockForward
 from symmerge.match import registry
 from symmerge.match.learn_config import LearnConfig
@@ -29,7 +30,6 @@ from symmerge.match.learn_many import learn_many
 from symmerge.match.many import activation_match_many, average_loss
 from symmerge.model import load_model
 from symmerge.model import save_model as save_canonical
-from symmerge.spec import random_element
 from test_weight_matching import SUPPORTED
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,12 +14,12 @@ import torch
 
 from factories import make_model, save_model
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.match import many as many_mod
 from symmerge.match import registry
 from symmerge.match.many import ROUND_TOL, objective, weight_match_many
 from symmerge.match.part_cache import PartCache
 from symmerge.model import LazyModel, load_model, part_keys
-from symmerge.spec import random_element
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from factories import example_inputs, lm_batches
 from symmerge.apply import apply
 from symmerge.barrier_many import many_barrier
 from symmerge.cli import main
+from symmerge.elements import random_element
 from symmerge.model import load_model, save_model
-from symmerge.spec import random_element
 from test_expand_align import _wide_config
 from test_expand_align import planted as expand_planted  # noqa: F401 (a fixture)
 from test_merge_many_methods import own_labels

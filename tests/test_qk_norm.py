@@ -19,8 +19,8 @@ from checks import assert_different_function, assert_same_function
 from factories import example_inputs, loaded_with_logits, logits, save_model, stock_logits
 from symmerge import groups as G
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.model import load_model
-from symmerge.spec import random_element
 
 QK = "blocks.0.qk"
 

@@ -17,6 +17,7 @@ from learned_common import CONTINUOUS, char_pair
 from symmerge import SymmergeError
 from symmerge.apply import apply
 from symmerge.data import load_batches
+from symmerge.elements import random_element
 from symmerge.evaluate import grid
 from symmerge.match import learner as learner_module
 from symmerge.match import lr_search
@@ -26,7 +27,6 @@ from symmerge.match.learn_report import after_best, end_line
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.lr_search import BUDGET, EVAL_SHARE, MIN_STEPS, candidates, choose_lr, plan, search_steps
-from symmerge.spec import random_element
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 

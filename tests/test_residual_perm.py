@@ -13,6 +13,7 @@ from learned_common import plain_loss
 from symmerge import SymmergeError, cli
 from symmerge import groups as G
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.match.activation import activation_match
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
@@ -20,7 +21,6 @@ from symmerge.match.learner import Learner
 from symmerge.match.outputs import output_report, save_outputs
 from symmerge.match.weight import weight_match
 from symmerge.model import load_model
-from symmerge.spec import random_element
 
 PERMS_ONLY = ["residual_perm", "head_perm", "ffn_perm"]
 

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from factories import example_inputs, logits, make_model
 from symmerge.apply import apply
+from symmerge.elements import random_element
 from symmerge.model import LazyModel, load_model, save_model
-from symmerge.spec import random_element
 from symmerge.stream import write_streaming
 
 

@@ -16,8 +16,8 @@ from checks import NORM_IN_FP32, assert_same_function, gap
 from factories import ARCHS, example_inputs, logits, make_config, stock_logits
 from symmerge import groups as G
 from symmerge.apply import apply
+from symmerge.elements import compose, inverse, random_element
 from symmerge.model import export_state_dict, load_model
-from symmerge.spec import compose, inverse, random_element
 
 SEEDS = (0, 1, 2)
 

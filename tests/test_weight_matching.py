@@ -19,12 +19,13 @@ from factories import ARCHS, example_inputs, make_model, rel_distance, save_mode
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.apply import apply
+from symmerge.elements import inverse, random_element
 from symmerge.match.summary import summarize
 from symmerge.match.weight import weight_match
 from symmerge.merge import check_compatible
 from symmerge.model import build_hf_model, export_state_dict, load_model
 from symmerge.shape import ModelShape
-from symmerge.spec import Action, Spec, build_spec, inverse, random_element
+from symmerge.spec import Action, Spec, build_spec
 
 FAMILY_SETS = {"all": None, "permutations": ["head_perm", "ffn_perm"], "residual": ["residual_rotation"]}
 

@@ -26,6 +26,7 @@ Canonical tensors (no biases: Mixtral has none):
 from __future__ import annotations
 
 from . import groups as G
+from .families import EXPERT_PERM, FFN_PERM, GLU_SCALE, Action
 
 EXPERT_NOTE = ("the experts' outputs are summed with the router's weights: relabelling the experts together "
                "with the router's rows permutes the router's logits, and softmax, top-k selection and the "
@@ -34,7 +35,6 @@ EXPERT_NOTE = ("the experts' outputs are summed with the router's weights: relab
 
 def expert_groups(s, i: int, r) -> dict[str, G.Group]:
     """Layer i's expert permutation and, inside each expert, the FFN permutation and GLU scale (`r`: the names)."""
-    from .spec import EXPERT_PERM, FFN_PERM, GLU_SCALE
 
     e = s.n_experts
     out = {
@@ -51,7 +51,6 @@ def expert_groups(s, i: int, r) -> dict[str, G.Group]:
 
 def expert_actions(s, i: int, r, residual) -> dict:
     """The actions on layer i's expert tensors (`residual(s, axis, reader)`: the residual groups' actions)."""
-    from .spec import Action
 
     p = f"blocks.{i}.moe"
     ex, ffn = [Action(r.experts, 0)], Action(r.ffn, 1, "g", (0,))

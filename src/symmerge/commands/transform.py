@@ -34,8 +34,8 @@ def parse_groups(text: str | None) -> list[str] | None:
 
 def run(args) -> int:
     from ..apply import apply
+    from ..elements import random_element
     from ..io import prepare_output
-    from ..spec import random_element
     from ..stream import LazyModel, write_streaming
 
     prepare_output(args.out, args.force, [args.model])  # fail before any work

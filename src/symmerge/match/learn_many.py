@@ -36,8 +36,9 @@ import torch
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import StraightThrough, apply
+from ..elements import compose, identity_element
 from ..progress import tqdm
-from ..spec import SCALE, Spec, compose, identity_element
+from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, Frozen, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
 from .learner import Slot, eps_scale, lap, prepare, select

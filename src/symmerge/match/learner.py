@@ -13,9 +13,10 @@ from scipy.optimize import linear_sum_assignment
 from .. import SymmergeError
 from .. import groups as G
 from ..apply import Prepared, StraightThrough, apply
+from ..elements import compose, identity_element
 from ..merge import check_compatible
 from ..model import part_keys, part_of
-from ..spec import SCALE, Spec, compose, identity_element
+from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through

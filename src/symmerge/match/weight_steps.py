@@ -11,7 +11,8 @@ import time
 import torch
 
 from .. import groups as G
-from ..spec import Spec, reindex, unindex
+from ..elements import reindex, unindex
+from ..spec import Spec
 from . import costs
 from .solvers import assignment_minimising, best_scale, linear_assignment, minimising_costs, solve_map
 from .weight_products import cross, operand
