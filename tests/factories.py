@@ -61,6 +61,8 @@ def _configs() -> dict:
 
 
 ARCHS = tuple(_configs())
+# mixtures of experts: no one FFN hidden vector per layer, so activation matching refuses them
+EXPERTS = frozenset(a for a, make in _configs().items() if getattr(make(), "num_local_experts", 0))
 CLASSES = {"vit": T.ViTForImageClassification}
 
 

@@ -21,7 +21,7 @@ from symmerge.elements import random_element
 from symmerge.match.activation import activation_match
 from symmerge.model import load_model
 from symmerge.tokenizers import char_tokenizer
-from test_weight_matching import SUPPORTED
+from test_weight_matching import ACTIVATION, SUPPORTED
 
 
 def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
@@ -36,7 +36,7 @@ def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("arch", SUPPORTED)
+@pytest.mark.parametrize("arch", ACTIVATION)
 def test_planted_recovery_from_activations(arch, tmp_path):
     A = load_model(save_model(make_model(arch, 0), tmp_path / "a"))
     B = load_model(tmp_path / "a")
@@ -139,3 +139,15 @@ def test_activation_refuses_an_adapter_without_hook_points(tmp_path, monkeypatch
     monkeypatch.setattr(A.adapter, "hooks", None)
     with pytest.raises(SymmergeError, match="no hook points for gpt2"):
         activation_match(A, A, batches("gpt2"))
+
+
+@pytest.mark.parametrize("arch", sorted(set(SUPPORTED) - set(ACTIVATION)))
+def test_activation_refuses_mixtures_of_experts(arch, tmp_path, fake_data, capsys):
+    """Experts have no one FFN hidden vector per layer: the library and the CLI refuse in one line, naming
+    the method that works, and write nothing."""
+    a, b = save_model(make_model(arch, 0), tmp_path / "a"), save_model(make_model(arch, 1), tmp_path / "b")
+    with pytest.raises(SymmergeError, match=f"no hook points for {arch}; use --method weight"):
+        activation_match(load_model(a), load_model(b), batches(arch))
+    code = cli.main(["align", str(a), str(b), "--method", "activation", "--data", "x", "--out", str(tmp_path / "o")])
+    assert code != 0 and "use --method weight" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

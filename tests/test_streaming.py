@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from factories import example_inputs, logits, make_model
 from symmerge.apply import apply
 from symmerge.elements import random_element
+from symmerge.match.outputs import write_element
 from symmerge.model import LazyModel, load_model, save_model
 from symmerge.stream import write_streaming
 
@@ -29,12 +30,19 @@ def test_streaming_equals_in_memory_and_shards(arch, model_dirs, tmp_path):
     g = random_element(lazy.spec, torch.Generator().manual_seed(0))
     write_streaming(lazy, lambda part: apply(lazy.spec, g, part), tmp_path / "s", max_shard_bytes=20_000, progress=False)
     model = load_model(model_dirs[arch])
-    save_model(model, apply(model.spec, g, model.params), tmp_path / "m")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the in-memory path at another thread count than the streamed one's: same bytes
+    try:
+        write_element(model, g, tmp_path / "m")
+    finally:
+        torch.set_num_threads(threads)
     assert (tmp_path / "s" / "model.safetensors.index.json").is_file(), "expected several shards"
     streamed, in_memory = _all_tensors(tmp_path / "s"), _all_tensors(tmp_path / "m")
     assert set(streamed) == set(in_memory)
     for k in streamed:
         assert torch.equal(streamed[k], in_memory[k]), k
+    source = _all_tensors(model_dirs[arch])  # negative control: the element moved the weights
+    assert any(not torch.equal(streamed[k], source[k]) for k in streamed if k in source and streamed[k].dim() == 2)
     a = json.loads((tmp_path / "s" / "config.json").read_text())
     b = json.loads((tmp_path / "m" / "config.json").read_text())
     assert a == b

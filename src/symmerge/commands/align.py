@@ -197,8 +197,7 @@ def in_gauge_of(a, out, dtype, like, rep: dict):
 
 def align_in_memory(args, matcher, families, opts, place):
     """A matcher of B alone on models in memory (activation): OUT = g·B."""
-    from ..apply import apply
-    from ..model import save_model
+    from ..match.outputs import write_element
 
     data = _data(args, matcher, opts)
     a, b = _load_pair(args, families)
@@ -206,8 +205,8 @@ def align_in_memory(args, matcher, families, opts, place):
     rep = report(args, b, result, families)
     dtype = out_dtype.resolve(args) or b.dtype
     gauge, side = in_gauge_of(args.a, args.out, dtype, a, rep)
-    save_model(b, apply(b.spec, result.elements["B"], b.params), args.out, force=args.force, extra=_meta(rep, args.data),
-               gauge=gauge, side=side, dtype=dtype)
+    write_element(b, result.elements["B"], args.out, force=args.force, extra=_meta(rep, args.data), gauge=gauge,
+                  side=side, dtype=dtype)
     return rep
 
 

@@ -14,18 +14,23 @@ from ..apply import apply
 from ..evaluate import max_abs_diff
 from ..io import AtomicFolder, prepare_output
 from ..model import Model, save_model
+from ..threads import one_thread
 from .file_forward import FileForward
 from .learn_config import LearnConfig
 from .learn_loop import Result
 from .learned import learn
 
 
-def _write(model, g: dict, out, force: bool = False, extra: dict | None = None, gauge=None, side=None, dtype=None) -> None:
+def write_element(model, g: dict, out, force: bool = False, extra: dict | None = None, gauge=None, side=None,
+                  dtype=None) -> None:
     """g·model as a stock checkpoint in OUT: a `Model` in memory through `save_model`, a `LazyModel` (or an
-    expanded one) part by part through `stream.write_streaming` (one part in the algebra's precision at a time)."""
+    expanded one) part by part through `stream.write_streaming` (one part in the algebra's precision at a time).
+    Both compute on one thread (`threads.one_thread`), so the written bytes are the same by either path and at
+    any thread count."""
     if isinstance(model, Model):
-        save_model(model, apply(model.spec, g, model.params), out, force=force, extra=extra, gauge=gauge, side=side,
-                   dtype=dtype)
+        with one_thread():
+            params = apply(model.spec, g, model.params)
+            save_model(model, params, out, force=force, extra=extra, gauge=gauge, side=side, dtype=dtype)
         return
     from ..stream import write_streaming
 
@@ -48,11 +53,11 @@ def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> 
     gauge = reference_gauge(a.path, a) if a.path is not None else None
     if result.report["method"] == "learned":
         side = side_files([a.path, out], mergekit_base(a.path, out), dtype or b.dtype) if gauge else {}
-        _write(b, result.elements["B"], out, force=force, extra=meta, gauge=gauge, side=side, dtype=dtype)
+        write_element(b, result.elements["B"], out, force=force, extra=meta, gauge=gauge, side=side, dtype=dtype)
         return [(b.path, out)]
     with AtomicFolder(out) as tmp:
-        _write(a, result.elements["A"], tmp / "A", extra=meta, gauge=gauge, dtype=dtype)
-        _write(b, result.elements["B"], tmp / "B", extra=meta, gauge=gauge, dtype=dtype)
+        write_element(a, result.elements["A"], tmp / "A", extra=meta, gauge=gauge, dtype=dtype)
+        write_element(b, result.elements["B"], tmp / "B", extra=meta, gauge=gauge, dtype=dtype)
         if gauge is not None:
             for name, text in side_files([out / "A", out / "B"], (out / "A").resolve(), dtype or b.dtype).items():
                 (tmp / name).write_text(text)
