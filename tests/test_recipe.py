@@ -26,7 +26,7 @@ from symmerge.match.learn_plan import plan_line
 from symmerge.match.learn_report import after_best, end_line
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
-from symmerge.match.lr_search import BUDGET, EVAL_SHARE, MIN_STEPS, candidates, choose_lr, plan, search_steps
+from symmerge.match.lr_search import BUDGET, EVAL_SHARE, MAX_EXTRA, MIN_STEPS, candidates, choose_lr, plan, search_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -68,7 +68,7 @@ def test_lr_search_plan_costs_at_most_a_tenth(run_steps, n_val):
 
 
 def test_lr_search_costs_what_it_counts_and_repeats_for_a_seed(pair, monkeypatch):
-    """At the real budget, for a run of 600 steps (the search alone runs): the training steps and
+    """At the real budget, for a run of 800 steps (the search alone runs): the training steps and
     evaluated batches the search really takes, counted as `search_steps` counts them (a λ point on n
     batches as ceil(n·r / 3) steps, r = 2 the validation batches' size over the training ones'), equal
     the record's cost and are at most a tenth of the run's steps.
@@ -77,7 +77,7 @@ def test_lr_search_costs_what_it_counts_and_repeats_for_a_seed(pair, monkeypatch
 
     a, b = _planted(pair)
     train, val = lm_batches(4, 0), lm_batches(9, 1, size=8)  # validation batches twice the training ones
-    cfg = dataclasses.replace(_auto(), steps=600, eval_every=60)
+    cfg = dataclasses.replace(_auto(), steps=800, eval_every=80)
     counted = {"steps": 0, "eval": 0}
     real_step, real_curve = learn_loop.Run.train_step, Learner.curve
 
@@ -93,13 +93,35 @@ def test_lr_search_costs_what_it_counts_and_repeats_for_a_seed(pair, monkeypatch
     monkeypatch.setattr(learn_loop.Run, "train_step", step)
     monkeypatch.setattr(Learner, "curve", curve)
     lr, record = choose_lr(Learner(a, b, _auto(), None), train, val, cfg)
-    assert counted["steps"] == 5 * record["steps_each"] and record["steps_each"] >= MIN_STEPS
-    assert counted["steps"] + counted["eval"] == record["cost_steps"] <= BUDGET * 600 == BUDGET * record["run_steps"]
+    assert counted["steps"] == len(record["rates"]) * record["steps_each"] and record["steps_each"] >= MIN_STEPS
+    assert counted["steps"] + counted["eval"] == record["cost_steps"] <= BUDGET * 800 == BUDGET * record["run_steps"]
     assert lr == record["chosen"] and 1 <= record["val_batches"] <= len(val)
     again_lr, again = choose_lr(Learner(a, b, _auto(), None), train, val, cfg)
     assert again_lr == lr and _without_time(again) == _without_time(record)
     _, other = choose_lr(Learner(a, b, _auto(seed=3), None), train, val, dataclasses.replace(cfg, seed=3))
     assert other["excess"] != record["excess"]
+
+
+@pytest.mark.parametrize("target,extended,chosen", [
+    (3e-3, [], 3e-3),                 # interior: the grid alone
+    (3e-2, [3e-2, 1e-1], 3e-2),       # above the top: one half-decade up is best, one more shows it
+    (1e3, [3e-2, 1e-1], 1e-1),        # far above: MAX_EXTRA rates added, the highest chosen
+    (7e-5, [3e-5], 1e-4),             # below the bottom, nearer 1e-4: the grid's end stays best
+])
+def test_lr_search_brackets_its_choice(pair, monkeypatch, target, extended, chosen):
+    """A best rate at an end of the grid is bracketed: the next half-decade beyond it is tried, until the
+    best is interior or MAX_EXTRA rates were added; the record lists them and the cost stays within the
+    tenth of the run. The short runs' barriers are replaced by |log(rate / target)| so the answer is known."""
+    a, b = pair
+    learner = Learner(a, b, _auto(), None)
+    real = lr_search.highest_excess
+    monkeypatch.setattr(lr_search, "highest_excess", lambda lams, losses: real(lams, losses) * 0 + (
+        abs(math.log(learner.cfg.lr / target)) if isinstance(learner.cfg.lr, float) else 10.0))
+    cfg = dataclasses.replace(_auto(), steps=800, eval_every=80)
+    lr, record = choose_lr(learner, lm_batches(4, 0), lm_batches(3, 1), cfg)
+    assert record["extended"] == pytest.approx(extended) and lr == pytest.approx(chosen) == record["chosen"]
+    assert len(record["rates"]) == len(candidates("learned")) + len(extended) <= len(candidates("learned")) + MAX_EXTRA
+    assert record["cost_steps"] <= BUDGET * 800
 
 
 def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
@@ -110,9 +132,10 @@ def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
     monkeypatch.setattr(lr_search, "BUDGET", 1.0)
     a, b = _planted(pair)
     train, val = lm_batches(4, 0), lm_batches(2, 1)
-    rep = learn(a, b, train, val, _auto()).report
+    rep = learn(a, b, train, val, _auto(steps=70)).report
     search = rep["plan"]["lr_search"]
-    assert search["rates"] == candidates("learned") and len(search["barriers"]) == len(search["rates"])
+    assert search["grid"] == candidates("learned") and set(search["grid"]) <= set(search["rates"])
+    assert search["rates"] == sorted(search["rates"]) and len(search["barriers"]) == len(search["rates"])
     assert rep["settings"]["lr"] == rep["plan"]["lr"] == search["chosen"]
     scores = [x if x is not None else float("inf") for x in search["excess"]]
     assert search["chosen"] == search["rates"][scores.index(min(scores))]
@@ -122,10 +145,10 @@ def test_lr_auto_is_deterministic_and_recorded(pair, monkeypatch):
     assert f"lr {search['chosen']:.3g} (--lr auto" in rep["end_line"]
     assert f"--lr auto chose {search['chosen']:.3g}" in plan_line(rep["plan"])  # printed before the run
     # the same seed again, the search alone: the same record
-    resolved = dataclasses.replace(_auto(), eval_every=25)
-    _, again = choose_lr(Learner(a, b, _auto(), None), train, val, resolved)
+    resolved = dataclasses.replace(_auto(steps=70), eval_every=25)
+    _, again = choose_lr(Learner(a, b, _auto(steps=70), None), train, val, resolved)
     assert _without_time(again) == _without_time(search)
-    _, other = choose_lr(Learner(a, b, _auto(seed=3), None), train, val, dataclasses.replace(resolved, seed=3))
+    _, other = choose_lr(Learner(a, b, _auto(steps=70, seed=3), None), train, val, dataclasses.replace(resolved, seed=3))
     assert other["excess"] != search["excess"]
 
 

@@ -101,8 +101,10 @@ def plan_line(plan: dict) -> str:
     search = plan.get("lr_search")
     if search:
         tried = ", ".join(f"{r:.2g}: {_g(b)}" for r, b in zip(search["rates"], search["barriers"]))
+        extended = search.get("extended")
+        grew = f"; beyond the grid: {', '.join(f'{r:.2g}' for r in extended)}" if extended else ""
         line += (f"; --lr auto chose {plan['lr']:.3g} ({search['steps_each']} steps each on {search['val_batches']} "
-                 f"validation batches, validation barrier {tried}; {search['seconds']:.0f} s)")
+                 f"validation batches, validation barrier {tried}{grew}; {search['seconds']:.0f} s)")
     return line
 
 

@@ -20,6 +20,11 @@ to the evaluations. So the search costs at most a tenth of the run's wall time, 
 evaluations cost. A run too short to afford `MIN_STEPS` steps per rate and one validation batch is
 refused (give `--lr`).
 
+The grid brackets its choice: when the best rate is an end of the grid (the lowest or the highest rate
+tried), the next half-decade beyond that end (`factor`: 1, 3, 10, 30, ...) is tried too, until the best
+is interior or `MAX_EXTRA` rates were added. The plan reserves those rates' short runs and evaluations
+(`plan` with the grid's size plus `MAX_EXTRA`), so the bound below holds whether or not the grid grows.
+
 Where it fails: a short run favours rates that move fast, so on a pair where the long run wants a
 lower rate than its first steps do, the choice is too high by a half-decade or so; the report lists
 every rate's barrier, so such a case shows.
@@ -43,10 +48,30 @@ EVAL_SHARE = 1 / 3
 FORWARDS_PER_STEP = 3  # a training step: forward and backward (about two forwards), and more
 PROBE_POINTS = 5  # the probes' grid: 0, 1/4, 1/2, 3/4, 1
 MIN_STEPS = 5
+MAX_EXTRA = 2  # rates tried beyond an end of the grid when the best lies on it
 
 
 def candidates(method: str) -> list[float]:
     return [DEFAULT_LR[method] * f for f in LR_FACTORS]
+
+
+def planned_rates(method: str) -> int:
+    """The short runs a search plans for: the grid and the rates that may bracket it."""
+    return len(candidates(method)) + MAX_EXTRA
+
+
+def factor(i: int) -> float:
+    """The i-th half-decade of the rate ladder, as a fraction of DEFAULT_LR: 10^(i//2), times 3 for odd i
+    (... 0.03, 0.1, 0.3, 1, 3, 10 ...: LR_FACTORS is i = -4..0)."""
+    return float(f"{3 if i % 2 else 1}e{i // 2}")  # parsed from its decimal: 0.3, not 0.30000000000000004
+
+
+def ladder_index(f: float) -> int:
+    """The i with factor(i) == f (to rounding), for a factor on the ladder."""
+    i = min(range(-40, 41), key=lambda j: abs(math.log(factor(j) / f)))
+    if not math.isclose(factor(i), f, rel_tol=1e-9):
+        raise ValueError(f"{f} is not on the rate ladder")
+    return i
 
 
 def size_ratio(train: list[dict], val: list[dict]) -> float:
@@ -92,7 +117,7 @@ def check_budget(cfg: LearnConfig, n_train: int, n_val: int, ratio: float = 1.0)
     batches the run uses)."""
     if cfg.lr != "auto":
         return
-    plan(cfg.run_steps(n_train), n_val, len(candidates(cfg.method)), ratio)
+    plan(cfg.run_steps(n_train), n_val, planned_rates(cfg.method), ratio)
 
 
 def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> tuple[float, dict]:
@@ -100,42 +125,57 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
     whose validation batches are `val`. `learner` is left as it came (its start, its config)."""
     from .learn_loop import Run
 
+    base = DEFAULT_LR[cfg.method]
     rates = candidates(cfg.method)
     ratio = size_ratio(train, val)
-    k, n = plan(cfg.steps, len(val), len(rates), ratio)
+    k, n = plan(cfg.steps, len(val), planned_rates(cfg.method), ratio)
     t0 = time.perf_counter()
     lams, sub = grid(PROBE_POINTS), val[:n]
     start = {name: t.detach().clone() for name, t in learner.trainables().items()}
     own = learner.cfg
     ends = learner.curve(sub, [0.0, 1.0])
-    excess = [highest_excess(lams, [ends[0], *learner.curve(sub, lams[1:-1]), ends[1]])]
-    diverged = []
+    start_excess = highest_excess(lams, [ends[0], *learner.curve(sub, lams[1:-1]), ends[1]])
+    tried: dict[float, tuple[float, bool]] = {}  # rate -> (excess, diverged)
+
+    def short_run(lr: float) -> None:
+        learner.cfg = replace(cfg, lr=lr, steps=k, eval_every=k, lam_sampling="uniform", progress=False)
+        run = Run(learner, train, sub, None, None)
+        for step in range(k):
+            run.train_step(step)
+            if run.meta["diverged"]:
+                break
+        diverged = run.meta["diverged"]
+        x = highest_excess(lams, [ends[0], *learner.curve(sub, lams[1:-1]), ends[1]])
+        tried[lr] = (x if math.isfinite(x) and not diverged else math.inf, diverged)
+        with torch.no_grad():
+            for name, t in learner.trainables().items():
+                t.copy_(start[name])
+
+    def best() -> float:
+        return min(sorted(tried), key=lambda r: (tried[r][0], r))  # ties to the smaller rate
+
     try:
         for lr in rates:
-            learner.cfg = replace(cfg, lr=lr, steps=k, eval_every=k, lam_sampling="uniform", progress=False)
-            run = Run(learner, train, sub, None, None)
-            for step in range(k):
-                run.train_step(step)
-                if run.meta["diverged"]:
-                    break
-            diverged.append(run.meta["diverged"])
-            losses = [ends[0], *learner.curve(sub, lams[1:-1]), ends[1]]
-            x = highest_excess(lams, losses)
-            excess.append(x if math.isfinite(x) and not run.meta["diverged"] else math.inf)
-            with torch.no_grad():
-                for name, t in learner.trainables().items():
-                    t.copy_(start[name])
+            short_run(lr)
+        for _ in range(MAX_EXTRA):
+            low, high, chosen = min(tried), max(tried), best()
+            if chosen not in (low, high) or len(tried) < 2:
+                break
+            i = ladder_index(chosen / base)
+            short_run(base * factor(i - 1 if chosen == low else i + 1))
     finally:
         learner.cfg = own
-    scores = excess[1:]
-    best = min(range(len(rates)), key=lambda i: (scores[i], rates[i]))
-    record = {"rates": rates, "excess": [_json(x) for x in scores], "barriers": [_json(max(x, 0.0)) for x in scores],
-              "diverged": diverged, "start_excess": _json(excess[0]), "chosen": rates[best], "steps_each": k,
-              "val_batches": n, "probe_points": PROBE_POINTS, "cost_steps": search_steps(k, n, len(rates), ratio),
+    order = sorted(tried)
+    scores = [tried[r][0] for r in order]
+    chosen = best()
+    record = {"rates": order, "excess": [_json(x) for x in scores], "barriers": [_json(max(x, 0.0)) for x in scores],
+              "diverged": [tried[r][1] for r in order], "start_excess": _json(start_excess), "chosen": chosen,
+              "grid": rates, "extended": sorted(set(order) - set(rates)), "steps_each": k,
+              "val_batches": n, "probe_points": PROBE_POINTS, "cost_steps": search_steps(k, n, len(order), ratio),
               "val_size_ratio": ratio,
               "run_steps": cfg.steps,
               "seconds": round(time.perf_counter() - t0, 3)}
-    return rates[best], record
+    return chosen, record
 
 
 def _json(x: float) -> float | None:
