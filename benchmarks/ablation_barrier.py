@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,9 +25,14 @@ from symmerge.match.activation import activation_match
 from symmerge.match.weight import weight_match
 from symmerge.model import load_model
 
+import record
+
 OFF = {"FFN permutation off": ["ffn_perm"], "head permutation off": ["head_perm"],
        "head-internal maps off": ["qk_map", "ov_map"], "residual rotation off": ["residual_rotation"],
        "GLU scaling off": ["glu_scale"]}
+
+
+COLUMNS = ["alignment", "barrier", "acc. barrier", "L(0)", "L(0.5)", "L(1)", "matching s"]
 
 
 def main() -> None:
@@ -39,19 +45,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-activation", action="store_true")
     ap.add_argument("--activation-only", action="store_true", help="only the plain-averaging and activation rows")
+    record.add_argument(ap, "ablation_barrier")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     a, b = load_model(args.a), load_model(args.b)
     test = load_batches(args.a, args.data, "test", batch_size=args.batch_size, max_batches=args.max_batches)
     default = b.spec.default_families()
+    rows = []
 
     def row(name, pb, seconds=0.0):
         r = barrier(a, dataclasses.replace(b, params=pb), test, points=11, progress=False)
-        print(f"| {name} | {r['barrier']:.4f} | {r['accuracy_barrier']:.4f} | {r['loss'][0]:.3f} | {r['loss'][5]:.3f} | "
-              f"{r['loss'][-1]:.3f} | {seconds:.1f} |", flush=True)
+        rows.append([name, f"{r['barrier']:.4f}", f"{r['accuracy_barrier']:.4f}", f"{r['loss'][0]:.3f}",
+                     f"{r['loss'][5]:.3f}", f"{r['loss'][-1]:.3f}", f"{seconds:.1f}"])
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
 
     print(f"A={args.a} B={args.b} data={args.data}: {len(test)} test batches of {args.batch_size}")
-    print("| alignment | barrier | acc. barrier | L(0) | L(0.5) | L(1) | matching s |\n|---|---|---|---|---|---|---|")
+    print("| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|")
     row("plain averaging", b.params)
     runs = [("weight matching (all but scale)", default), ("weight matching, all incl. residual scale", None)]
     runs += [(f"weight matching, {k}", [f for f in default if f not in v]) for k, v in OFF.items()
@@ -65,6 +74,8 @@ def main() -> None:
         t0 = time.perf_counter()
         r = activation_match(a, b, train, default)
         row("activation matching (all but scale)", apply(b.spec, r.g, b.params), time.perf_counter() - t0)
+    key = f"{Path(args.a).name} vs {Path(args.b).name}, {len(test)} test batches of {args.batch_size}"
+    record.save(args.results, "ablation_barrier", key, key, [record.table("test barrier", COLUMNS, rows)])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ statistics by default, the CLI's default groups. Printed: tokens, whole run, sec
 peak RSS (the process high-water mark) as each part is read (also logged as it happens) and at the end,
 and both checkpoints' bytes on disk for comparison (what a model in memory would at least take).
 
-    PYTHONPATH=src python benchmarks/activation_matching_scale.py --shape pythia-1.4b --folder /tmp/wm-scale
+    PYTHONPATH=src python benchmarks/activation_matching_scale.py --shape pythia-1.4b --folder runs/wm-scale
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from weight_matching_scale import SHAPES, rss_gib, write_random_checkpoint
 
 from symmerge.match.activation_stream import activation_match_streaming
 from symmerge.model import LazyModel
+
+import record
 
 
 def logged(lazy: LazyModel, log: list) -> LazyModel:
@@ -41,7 +43,7 @@ def logged(lazy: LazyModel, log: list) -> LazyModel:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=[s for s in SHAPES if s.startswith("pythia")], default="pythia-410m")
-    ap.add_argument("--folder", default="/tmp/wm-scale", help="where the two checkpoints are written (reused)")
+    ap.add_argument("--folder", default="runs/wm-scale", help="where the two checkpoints are written (reused)")
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256)
@@ -49,6 +51,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape has (per-block figures "
                     "at full width; the same folders as weight_matching_scale.py --layers)")
+    record.add_argument(ap, "activation_matching_scale")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
@@ -84,6 +87,13 @@ def main() -> None:
     series = ", ".join(f"{k}: {r:.2f}" for k, _, r, _ in walk)
     print(f"peak RSS (GiB) when each block is read: {series}")
     print(f"peak RSS at the end {rss_end:.2f} GiB")
+    key = f"{root.name}, {args.batches} x {args.batch_size} x {args.seq_len} tokens, {args.precision}"
+    rss = {k: r for k, _, r, _ in walk}
+    marks = [k for k in (0, a.shape.n_layers // 2, a.shape.n_layers - 1) if k in rss]
+    record.save(args.results, "activation_matching_scale", key, key, [record.table("whole run", [
+        "whole run", "per block (median)", "peak RSS, block " + " / ".join(map(str, marks)), "peak RSS at the end",
+        "both checkpoints on disk"], [[f"{total:.0f} s", f"{per_block:.1f} s", " / ".join(f"{rss[k]:.2f}" for k in marks)
+                                       + " GiB", f"{rss_end:.2f} GiB", f"{on_disk / 2**30:.2f} GiB"]])])
 
 
 if __name__ == "__main__":

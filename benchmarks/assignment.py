@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+import record
+
 
 def auction(score: torch.Tensor, eps_final: float | None = None, max_rounds: int = 100_000) -> torch.Tensor:
     """p maximising sum_i score[i, p[i]] to within n * eps_final (Jacobi auction, epsilon scaling)."""
@@ -62,7 +64,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[512, 2048, 4096])
     ap.add_argument("--noise", type=float, nargs="+", default=[0.5, 4.0])
+    record.add_argument(ap, "assignment")
     args = ap.parse_args()
+    rows = []
     torch.set_num_threads(max(1, torch.get_num_threads()))
     print(f"{'n':>6} {'noise':>6} {'scipy s':>9} {'auction s':>10} {'auction/scipy':>14} {'value gap':>10}")
     for n in args.sizes:
@@ -77,6 +81,11 @@ def main() -> None:
             got = float(s[torch.arange(n), p].sum())
             print(f"{n:>6} {noise:>6} {t1 - t0:>9.3f} {t2 - t1:>10.3f} {(t2 - t1) / (t1 - t0):>14.1f} "
                   f"{(best - got) / abs(best):>10.1e}")
+            rows.append([n, noise, f"{t1 - t0:.3f}", f"{t2 - t1:.3f}", f"{(t2 - t1) / (t1 - t0):.0f}",
+                         f"{(best - got) / abs(best):.1e}"])
+    key = f"sizes {' '.join(map(str, args.sizes))}, noise {' '.join(map(str, args.noise))}"
+    record.save(args.results, "assignment", key, key, [record.table(
+        "seconds per problem", ["n", "noise", "scipy (s)", "auction (s)", "auction / scipy", "value gap"], rows)])
 
 
 if __name__ == "__main__":

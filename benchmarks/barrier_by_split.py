@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 from reproduction_table import ROWS, families_for, learn_row, path_barrier, weight_start
@@ -25,6 +26,8 @@ from symmerge.data import load_batches
 from symmerge.evaluate import StockForward
 from symmerge.match.learn_config import LAM_SAMPLING
 from symmerge.model import load_model
+
+import record
 
 
 def main() -> None:
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("--eval-batches", type=int, default=140, help="batches per split for the barriers")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="append the result as one JSON line here")
+    record.add_argument(ap, "barrier_by_split")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     a, b = load_model(args.a), load_model(args.b)
@@ -65,11 +69,18 @@ def main() -> None:
     print(f"{args.row}, seed {args.seed}: validation barrier (the {args.val_batches} choosing batches) "
           f"{r.report['barrier_before']:.4f} -> {r.report['barrier_after']:.4f}")
     print("| split | barrier ± s.e. | peak λ | L(0) | L(0.5) | L(1) |\n|---|---|---|---|---|---|")
+    rows = []
     for name, batches in (("train (learned on)", train[:k]), ("validation, held out", held_out), ("test", test)):
         res = path_barrier(evaluator, pa, pb, batches)
         out[name] = {key: res[key] for key in ("barrier", "barrier_se", "barrier_lambda", "loss")}
-        print(f"| {name} | {res['barrier']:.4f} ± {res['barrier_se']:.4f} | {res['barrier_lambda']:.1f} | "
-              f"{res['loss'][0]:.4f} | {res['loss'][5]:.4f} | {res['loss'][-1]:.4f} |", flush=True)
+        rows.append([name, f"{res['barrier']:.4f} ± {res['barrier_se']:.4f}", f"{res['barrier_lambda']:.1f}",
+                     f"{res['loss'][0]:.4f}", f"{res['loss'][5]:.4f}", f"{res['loss'][-1]:.4f}"])
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    key = f"{Path(args.a).name} vs {Path(args.b).name}, {args.row}, seed {args.seed}, λ {args.lam_range}"
+    record.save(args.results, "barrier_by_split", key, key, [record.table(
+        "barrier by split", ["split", "barrier ± s.e.", "peak λ", "L(0)", "L(0.5)", "L(1)"], rows)],
+        f"validation barrier on the {args.val_batches} choosing batches {r.report['barrier_before']:.4f} -> "
+        f"{r.report['barrier_after']:.4f}")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(out, default=str) + "\n")

@@ -21,6 +21,8 @@ import transformers as T
 from symmerge.evaluate import StockForward, evaluate, interpolate
 from symmerge.model import load_model
 
+import record
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    record.add_argument(ap, "barrier_throughput")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = T.GPT2Config(n_embd=args.d_model, n_layer=args.layers, n_head=4, vocab_size=args.vocab, n_positions=args.seq)
@@ -67,6 +70,11 @@ def main() -> None:
     print(f"harness, one λ      : {th:.3f} s per λ   ({tokens / th:,.0f} tokens/s)")
     print(f"of which interpolation + export per λ: {statistics.median(t_export):.3f} s")
     print(f"throughput ratio (plain time / harness time): {tp / th:.3f}")
+    key = f"GPT-2 d={args.d_model} L={args.layers} vocab={args.vocab}, {args.batches} batches x {args.batch_size} x {args.seq}"
+    record.save(args.results, "barrier_throughput", key, key, [record.table("seconds", [
+        "run", "plain s/pass", "harness s/λ", "interpolation + export s/λ", "ratio plain/harness"], [[
+        f"{args.batches} batches, {args.repeats} repeats", f"{tp:.3f}", f"{th:.3f}", f"{statistics.median(t_export):.3f}",
+        f"{tp / th:.3f}"]])])
 
 
 if __name__ == "__main__":

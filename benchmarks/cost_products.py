@@ -18,6 +18,8 @@ import torch
 
 from symmerge.match.weight_products import BF16, cross, mkl_available
 
+import record
+
 SHAPES = {"pythia-1.4b FFN": (8192, 4096), "llama-2-7b FFN": (11008, 12288)}
 
 
@@ -25,7 +27,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    record.add_argument(ap, "cost_products")
     args = ap.parse_args()
+    rows = []
     torch.set_num_threads(args.threads)
     print(f"MKL bf16 kernel found: {mkl_available()}; {args.threads} thread(s)")
     for name, (n, m) in SHAPES.items():
@@ -45,6 +49,12 @@ def main() -> None:
         print(f"{name} ({n} x {m} by {m} x {n}): exact float32 {ex:.2f} s, bfloat16 operands {bf:.2f} s, "
               f"ratio {ex / bf:.2f}; error vs float64 relative to the largest entry: exact {err['exact']:.1e}, "
               f"bfloat16 {err[BF16]:.1e}")
+        rows.append([f"{name} ({n} x {m} by {m} x {n})", f"{ex:.2f}", f"{bf:.2f}", f"{ex / bf:.2f}",
+                     f"{err['exact']:.1e}", f"{err[BF16]:.1e}"])
+    record.save(args.results, "cost_products", f"{args.threads} thread(s)", f"{args.threads} thread(s)", [record.table(
+        "median seconds; largest difference from float64 relative to the largest entry",
+        ["product", "exact float32 s", "bfloat16 operands s", "ratio", "error, exact", "error, bfloat16"], rows)],
+        f"MKL bf16 kernel found: {mkl_available()}")
 
 
 if __name__ == "__main__":

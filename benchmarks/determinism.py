@@ -10,8 +10,8 @@ element). `fingerprint` hashes every output file; JSON files are hashed without 
 first series (the 1-thread run), so a difference is the step's own.
 
     PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --threads 1,1,2
-    PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --threads 1,2 \
-        --archs gpt2,neox,llama,olmo,vit --json benchmarks/results/determinism_threads.json
+    PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --threads 1,2 \
+        --archs gpt2,neox,llama,olmo,vit      # recorded in benchmarks/results/determinism.json
 
 prints, per step and output, whether each series gives the bytes of the first. Across installations
 (a fresh clone in a fresh virtual environment, another machine): `--record FILE` writes the first
@@ -19,9 +19,9 @@ series' digests (with the commit, thread count, step counts and library versions
 runs one series with the recorded settings and compares every output's digest with the record (exit 1
 when any differs):
 
-    PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --threads 1 --record REC.json
+    PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --threads 1 --record REC.json
     # elsewhere, at the same commit:
-    PYTHONPATH=src python benchmarks/determinism.py --data /abs/tinyshakespeare.txt --check REC.json
+    PYTHONPATH=src python benchmarks/determinism.py --data ../shared/data/tinyshakespeare.txt --check REC.json
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import record
 
 #: JSON keys whose values are timings (or made of timings): dropped before hashing
 TIMING = ("seconds", "wall_s", "time_s", "seconds_by_step_kind", "pairwise_seconds", "barrier_seconds")
@@ -166,7 +168,7 @@ def provenance() -> dict:
     commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"commit": commit, "torch": torch.__version__, "transformers": transformers.__version__,
             "safetensors": safetensors.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "python_executable": sys.executable, "cpu": cpu()}
+            "python_executable": record.portable(sys.executable), "cpu": cpu()}
 
 
 def check(record_file: Path, root: Path, data: str) -> int:
@@ -194,11 +196,12 @@ def main() -> None:
     ap.add_argument("--threads", default="1,1,2", help="thread count of each series; the first is the reference")
     ap.add_argument("--train-steps", type=int, default=60)
     ap.add_argument("--learn-steps", type=int, default=20)
-    ap.add_argument("--root", default="/tmp/symmerge-determinism")
+    ap.add_argument("--root", default="runs/determinism")
     ap.add_argument("--archs", default="gpt2", help="comma-separated architectures trained (gpt2, neox, llama, olmo, vit)")
     ap.add_argument("--json", default=None, help="write every series' comparison, with the provenance, to this JSON file")
     ap.add_argument("--record", default=None, help="write the first series' digests and settings to this JSON file")
     ap.add_argument("--check", default=None, help="run one series with this record's settings and compare its digests")
+    record.add_argument(ap, "determinism")
     args = ap.parse_args()
     root = Path(args.root)
     shutil.rmtree(root, ignore_errors=True)
@@ -227,6 +230,14 @@ def main() -> None:
                "settings": {"threads": series, "train_steps": args.train_steps, "learn_steps": args.learn_steps},
                "results": results}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    archs = list(results)
+    for i, t in enumerate(series[1:]):
+        steps = list(results[archs[0]][i]["differs"])
+        cell = lambda files: "identical" if not files else "differs: " + ", ".join(files)  # noqa: E731
+        key = f"{t} threads against {series[0]}, {','.join(archs)}"
+        record.save(args.results, "determinism", key, key, [record.table(
+            f"series {i + 1} ({t} threads) against series 0 ({series[0]} threads)", ["step"] + archs,
+            [[s] + [cell(results[a][i]["differs"][s]) for a in archs] for s in steps])])
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,7 @@
 #      products on the GPU (wm_devices.py): which results are bit for bit the same;
 #   6. the device tests (tests/test_devices.py, tests/test_streaming.py) with the GPU visible.
 #
-# The random checkpoints are built on the machine (under $WORK, default /tmp/gpu_check; 1.4B: 2 x 2.8 GB,
+# The random checkpoints are built on the machine (under $WORK, default runs/gpu_check; 1.4B: 2 x 2.8 GB,
 # 7B: 2 x 13.5 GB, written in a step of its own). Each step has its own timeout (STEP_S seconds each, printed); a step stopped by it still
 # leaves what it printed (the weight sweeps log every part read with its time and RSS). Results: one file per
 # step under $OUT (default ./gpu_check_out), and $OUT/summary.txt (each step's exit status, seconds and result
@@ -26,7 +26,7 @@ SMOKE=0
 [ "${1:-}" = "--smoke" ] && SMOKE=1
 PY=${PYTHON:-python}
 OUT=${OUT:-$PWD/gpu_check_out}
-WORK=${WORK:-/tmp/gpu_check}
+WORK=${WORK:-runs/gpu_check}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" TQDM_DISABLE=1
 SUMMARY="$OUT/summary.txt"

@@ -5,10 +5,8 @@ Each method runs twice: from the identity, and from the weight-matching solution
 main's harness (`symmerge.barrier.barrier`, 11 points) on held-out test windows; learning uses the
 train split and tracks the validation split.
 
-    for s in 0 1; do PYTHONPATH=src python -m symmerge.cli train --arch gpt2 --preset tiny \\
-        --data ../shared/data/tinyshakespeare.txt --seed $s -o /tmp/exp/m$s --steps 1500 --batch-size 32 \\
-        --lr 3e-3 --warmup 50 --threads 1; done
-    PYTHONPATH=src python benchmarks/learned_barrier_tiny.py /tmp/exp/m0 /tmp/exp/m1 \\
+    python benchmarks/pairs.py gpt2-char-tiny      # the pair: runs/ts-char-tiny-seed{0,1}
+    python benchmarks/learned_barrier_tiny.py runs/ts-char-tiny-seed0 runs/ts-char-tiny-seed1 \\
         ../shared/data/tinyshakespeare.txt --steps 1500 --lr 2e-2
 """
 
@@ -17,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,6 +27,8 @@ from symmerge.match.learned import learn
 from symmerge.match.weight import weight_match
 from symmerge.model import load_model
 
+import record
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--threads", type=int, default=1)
+    record.add_argument(ap, "learned_barrier_tiny")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     a, b = load_model(args.a), load_model(args.b)
@@ -44,14 +46,17 @@ def main() -> None:
     val = load_batches(args.a, args.data, "validation", batch_size=64, max_batches=4)
     test = load_batches(args.a, args.data, "test", batch_size=64, max_batches=8)
 
-    def test_barrier(pa, pb) -> str:
+    rows = []
+
+    def test_barrier(pa, pb, name="plain averaging", start="-") -> str:
         r = barrier(dataclasses.replace(a, params=pa), dataclasses.replace(b, params=pb), test, points=11, progress=False)
+        rows.append([name, start, f"{r['barrier']:.4f}"])
         return f"test barrier {r['barrier']:.4f} (L(0) {r['loss'][0]:.3f}, L(0.5) {r['loss'][5]:.3f}, L(1) {r['loss'][-1]:.3f})"
 
     print(f"plain averaging: {test_barrier(a.params, b.params)}", flush=True)
     t0 = time.perf_counter()
     wm = weight_match(a.spec, a.params, b.params).g
-    print(f"weight matching ({time.perf_counter() - t0:.1f} s): {test_barrier(a.params, apply(b.spec, wm, b.params))}", flush=True)
+    print(f"weight matching ({time.perf_counter() - t0:.1f} s): {test_barrier(a.params, apply(b.spec, wm, b.params), 'weight matching')}", flush=True)
     for start, init in (("identity", None), ("weight matching", wm)):
         for method in ("learned", "dual"):
             t0 = time.perf_counter()
@@ -62,7 +67,10 @@ def main() -> None:
             rep = r.report
             print(f"{method} from {start}: {rep['steps']} steps in {time.perf_counter() - t0:.0f} s, validation barrier "
                   f"{rep['barrier_before']:.4f} -> {rep['barrier_after']:.4f} (best step {rep['best_step']}); "
-                  f"{test_barrier(pa, pb)}", flush=True)
+                  f"{test_barrier(pa, pb, method, start)}", flush=True)
+    key = f"{Path(args.a).name} vs {Path(args.b).name}, {args.steps} steps, lr {args.lr:g}"
+    record.save(args.results, "learned_barrier_tiny", key, key, [record.table(
+        "test barrier", ["alignment", "start", f"{args.steps} steps, lr {args.lr:g}"], rows)])
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+import record
+
 SHAPES = {  # d_model, layers, heads, FFN, vocabulary
     "pythia-160m": (768, 12, 12, 3072, 50304),
     "pythia-410m": (1024, 24, 16, 4096, 50304),
@@ -236,6 +238,7 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true", help="--cli: log the peak RSS of each phase of the command")
     ap.add_argument("--phase-child", nargs=argparse.REMAINDER, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    record.add_argument(ap, "learned_memory")
     args = ap.parse_args()
     if args.phase_child is not None:
         return phase_child(args.phase_child)
@@ -255,6 +258,15 @@ def main() -> None:
         print(f"{r['cmd']}\n{r['line']}\n{name}: endpoints {ends / GIB:.2f} GiB; the command's maximum RSS "
               f"{r['peak'] / GIB:.2f} GiB (target {target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'MISSED'}); "
               f"wall {r['wall_s']} s")
+        tables = [record.table("maximum RSS of the command", ["command", "endpoints", "maximum RSS", "target", "wall"], [[
+            f"align --method dual, {name}", f"{ends / GIB:.2f} GiB", f"{r['peak'] / GIB:.2f} GiB",
+            f"{target / GIB:.2f} GiB", f"{r['wall_s']} s"]])]
+        if r.get("phases"):
+            tables.append(record.table("resident memory (GiB) and seconds per phase",
+                                       ["phase", "RSS before", "peak", "RSS after", "s"],
+                                       [[row["phase"], f"{row['rss_before'] / GIB:.2f}", f"{row['peak'] / GIB:.2f}",
+                                         f"{row['rss_after'] / GIB:.2f}", f"{row['s']:.1f}"] for row in r["phases"]]))
+        record.save(args.results, "learned_memory", f"{name}, the command", f"{name}, the whole command", tables)
         return None
     cmd = [sys.executable, __file__, "--child", str(a), str(b), "--method", args.method, "--dtype", args.dtype,
            "--batch", str(args.batch), "--seq", str(args.seq), "--recompute", args.recompute]
@@ -269,6 +281,13 @@ def main() -> None:
           f"{r['peak_after_build'] / GIB:.2f}); peak - endpoints {(r['peak'] - ends) / GIB:.2f} GiB; "
           f"target {target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'MISSED'}; "
           f"build {r['build_s']} s, step {r['step_s']} s")
+    key = f"{name}, {args.method}, {args.dtype}, recompute={args.recompute}, batch {args.batch}x{args.seq}"
+    record.save(args.results, "learned_memory", key, key, [record.table("peak resident memory", [
+        "shape", "endpoints", "peak after building", "peak of the step", "peak - endpoints",
+        "target 1.3 x endpoints + 1 GiB"], [[name, f"{ends / GIB:.2f} GiB", f"{r['peak_after_build'] / GIB:.2f} GiB",
+                                             f"{r['peak'] / GIB:.2f} GiB", f"{(r['peak'] - ends) / GIB:.2f} GiB",
+                                             f"{target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'missed'}"]])],
+        f"build {r['build_s']} s, step {r['step_s']} s")
 
 
 if __name__ == "__main__":

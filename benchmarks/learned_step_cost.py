@@ -42,6 +42,8 @@ from symmerge.model import LazyModel, load_model
 from symmerge.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
 from symmerge.train import _optimizer, _step
 
+import record
+
 VOCAB = 65  # Tiny Shakespeare characters
 IMAGE, CLASSES = 28, 10  # MNIST
 
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where both steps run: cpu, cuda or cuda:N")
     ap.add_argument("--spread", action="store_true", help="also print each ratio's range over the timed steps "
                     "(step i of a column against step i of plain: the same moment of a shared machine)")
+    record.add_argument(ap, "learned_step_cost")
     a = ap.parse_args()
     device = torch.device(a.device)
     if a.threads:
@@ -165,6 +168,7 @@ def main() -> None:
     cols = "".join(f" {'recompute=' + m + ' s':>20} {'/plain':>7}" for m in modes)
     print(f"{'batch':>6} {'tokens':>7} {'plain s/step':>13}{cols} {'of which apply fwd s':>21}")
     gen = torch.Generator().manual_seed(0)
+    rows = []
 
     def learned(mode, b):
         learner.forward.recompute = mode
@@ -180,6 +184,8 @@ def main() -> None:
         t = median_times(fns, a.steps, a.warmup, device, peaks, samples)
         row = "".join(f" {t[m]:>20.3f} {t[m] / t['plain']:>7.2f}" for m in modes)
         print(f"{bs:>6} {tokens:>7} {t['plain']:>13.3f}{row} {t['apply']:>21.3f}", flush=True)
+        rows.append([bs, tokens, f"{t['plain']:.3f}", *(f"{t[m]:.3f} ({t[m] / t['plain']:.2f})" for m in modes),
+                     f"{t['apply']:.3f}"] + ([", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items())] if peaks else []))
         if a.spread:
             print("       ratio range over the steps: " + ", ".join(
                 f"{m} {min(r):.2f}-{max(r):.2f}" for m in modes
@@ -187,6 +193,11 @@ def main() -> None:
         if peaks:
             print("       peak GPU memory GiB: " + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()), flush=True)
     tmp.cleanup()
+    key = f"{a.shape or a.arch + ' ' + a.preset}, {a.method}, {a.dtype}, {device}"
+    columns = ["batch", "tokens", "plain s", *(f"recompute={m} s (/plain)" for m in modes), "apply fwd s"]
+    record.save(a.results, "learned_step_cost", key, key, [record.table(
+        f"median seconds per step of {a.steps}", columns + (["peak GPU memory GiB"] if len(rows[0]) > len(columns) else []),
+        rows)])
 
 if __name__ == "__main__":
     main()

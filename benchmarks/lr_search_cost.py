@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+import record
+
 DATA = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt")
 
 
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--val-batches", type=int, default=16)
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--threads", type=int, default=1)
+    record.add_argument(ap, "lr_search_cost")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = Path(args.folder)
@@ -74,6 +77,13 @@ def main() -> None:
                       "steps_each": search["steps_each"], "search_val_batches": search["val_batches"],
                       "rates": search["rates"], "barriers": search["barriers"], "chosen": search["chosen"],
                       "end_line": rep["end_line"]}))
+    key = f"{args.arch} pair ({args.train_steps} training steps), {args.method}, {args.steps} steps"
+    record.save(args.results, "lr_search_cost", key, key, [record.table("search against run", [
+        "search (rates x steps, val. batches)", "search s", "run s", "wall share", "counted share"], [[
+        f"{len(search['rates'])} x {search['steps_each']}, {search['val_batches']}", f"{search['seconds']:.1f}",
+        f"{run:.1f}", f"{search['seconds'] / run:.1%}",
+        f"{search['cost_steps']} / {search['run_steps']} steps = {search['cost_steps'] / search['run_steps']:.0%}"]])],
+        f"chosen rate {search['chosen']:g}; {rep['end_line']}")
 
 
 if __name__ == "__main__":

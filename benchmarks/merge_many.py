@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+import record
+
 
 def barrier_row(paths, batches, simplex_points: int) -> dict:
     """`many_barrier` on the test batches, with the standard error of the average's excess taken per batch
@@ -116,6 +118,32 @@ def memory(paths: list[str], max_rounds: int) -> dict:
     return out
 
 
+def record_result(args, rows: dict, report: dict) -> None:
+    """This run's barriers (and cost, memory) as a record of benchmarks/results/merge_many.json."""
+    key = f"{' '.join(Path(m).name for m in args.models)}, methods {args.methods}" + (", cost only" if args.cost_only else "")
+    tables = []
+    if rows:
+        def cell(name):
+            r = rows[name]
+            ratio = f" ({r['excess_over_plain']:.2f})" if "excess_over_plain" in r else ""
+            return (f"{r['average_excess']:.4f} ± {r['average_excess_paired_se']:.4f} / {r['simplex_barrier']:.4f}"
+                    f"{ratio}")
+        tables.append(record.table("excess ± paired s.e. / simplex barrier (excess ratio to plain)",
+                                   ["method", "excess / simplex"], [[m, cell(m)] for m in rows]))
+    if "cost" in report:
+        c = report["cost"]
+        tables.append(record.table("cost of a round", ["N pairwise, s (sweeps)", "round 1, 2, ... s",
+                                                       "ratio: round 1 / later rounds", "sweeps per round"], [[
+            f"{c['pairwise_n_matchings_seconds']:.2f} ({sum(c['pairwise_sweeps'])})",
+            ", ".join(f"{s:.2f}" for s in c["many_round_seconds"]),
+            f"{c['ratio_round1']:.2f} / " + ", ".join(f"{s:.2f}" for s in c["ratio_later_rounds"]),
+            ", ".join(map(str, c["many_round_sweeps"]))]]))
+    if "memory" in report:
+        tables.append(record.table("peak resident memory", ["what", "figures"],
+                                   [[k, json.dumps(v)] for k, v in report["memory"].items()]))
+    record.save(args.results, "merge_many", key, key, tables)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", required=True)
@@ -143,6 +171,7 @@ def main() -> None:
                     "matchings (no barrier rows, nothing written but the JSON)")
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
+    record.add_argument(ap, "merge_many")
     args = ap.parse_args()
     if args.memory_child:
         return memory_child(args.memory_child, args.models, args.max_rounds)
@@ -218,6 +247,7 @@ def main() -> None:
             rows[method]["simplex_over_plain"] = rows[method]["simplex_barrier"] / rows["plain"]["simplex_barrier"]
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
+    record_result(args, rows, report)
     print(json.dumps({m: (r["average_excess"], r["simplex_barrier"]) for m, r in rows.items()}))
 
 

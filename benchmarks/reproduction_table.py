@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,8 @@ from symmerge.match.learned import learn
 from symmerge.match.parametrize import straight_through
 from symmerge.match.weight import weight_match
 from symmerge.model import load_model
+
+import record
 
 #: key -> (label, method, families to drop from the default, families to add, --param)
 ROWS = {
@@ -142,6 +145,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="append one JSON line per row here")
     ap.add_argument("--no-test", action="store_true", help="validation figures only (for choosing steps and lr)")
+    record.add_argument(ap, "reproduction_table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     a, b = load_model(args.a), load_model(args.b)
@@ -161,17 +165,22 @@ def main() -> None:
     print("| alignment | barrier ± s.e. | acc. barrier | L(0) | L(0.5) | L(1) | steps (best) | val. barrier before -> after "
           "| seconds |\n|---|---|---|---|---|---|---|---|---|", flush=True)
     seeds = [int(x) for x in args.seeds.split(",")]
+    rows: list[list[str]] = []
     for key in args.rows.split(","):
         label, method, drop, add, param = ROWS[key]
         if key == "dual-no-glu" and "glu_scale" not in b.spec.families():
             continue
         results = []
         for seed in seeds if method not in (None, "weight") else [0]:
-            results.append(run_row(args, key, seed, a, b, evaluator, split, wm_cache, test))
+            results.append(run_row(args, key, seed, a, b, evaluator, split, wm_cache, test, rows))
         if len(results) > 1 and not args.no_test:
             m, over_seeds, over_batches = seed_mean(results)
-            print(f"| {label}, mean of seeds {args.seeds} | {m:.4f} ± {over_seeds:.4f} (over seeds), "
-                  f"± {over_batches:.4f} (over test batches) | | | | | | | |", flush=True)
+            rows.append([f"{label}, mean of seeds {args.seeds}", f"{m:.4f} ± {over_seeds:.4f} (over seeds), "
+                         f"± {over_batches:.4f} (over test batches)"] + [""] * 7)
+            print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    if not args.no_test:
+        name = f"{Path(args.a).name} vs {Path(args.b).name}, rows {args.rows}, seeds {args.seeds}"
+        record.save(args.results, "reproduction_table", name, name, [record.table("test barrier", COLUMNS, rows)])
 
 
 def row_lr(method: str, lr: float, dual_lr: float | None) -> float:
@@ -197,8 +206,13 @@ def learn_row(args, key: str, seed: int, lr: float, a, b, fams: list[str], g0: d
     return pa, apply(b.spec, r.elements["B"], b.params), r
 
 
-def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
-    """One row for one learning seed: prints the table line, appends the JSON line, returns the test figures."""
+COLUMNS = ["alignment", "barrier ± s.e.", "acc. barrier", "L(0)", "L(0.5)", "L(1)", "steps (best)",
+           "val. barrier before -> after", "seconds"]
+
+
+def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test, rows: list) -> dict:
+    """One row for one learning seed: prints the table line (and adds it to `rows`), appends the JSON line,
+    returns the test figures."""
     label, method, drop, add, param = ROWS[key]
     pa, pb, rep, fams, seconds, lr = a.params, b.params, {}, None, 0.0, None
     if method is not None:
@@ -224,9 +238,9 @@ def run_row(args, key, seed, a, b, evaluator, split, wm_cache, test) -> dict:
     steps = f"{rep['steps']} ({rep['best_step']})" if rep else "-"
     val = f"{rep['barrier_before']:.4f} -> {rep['barrier_after']:.4f}" if rep else "-"
     name = f"{label} (seed {seed})" if args.seeds != "0" and rep else label
-    print(f"| {name} | {res['barrier']:.4f} ± {res['barrier_se']:.4f} | {res['accuracy_barrier']:.4f} | "
-          f"{res['loss'][0]:.3f} | {res['loss'][5]:.3f} | {res['loss'][-1]:.3f} | {steps} | {val} | {seconds:.0f} |",
-          flush=True)
+    rows.append([name, f"{res['barrier']:.4f} ± {res['barrier_se']:.4f}", f"{res['accuracy_barrier']:.4f}",
+                 f"{res['loss'][0]:.3f}", f"{res['loss'][5]:.3f}", f"{res['loss'][-1]:.3f}", steps, val, f"{seconds:.0f}"])
+    print("| " + " | ".join(rows[-1]) + " |", flush=True)
     if args.json:
         line = {"row": key, "label": label, "seed": seed, "families": fams, "param": param, "lr": lr, "seconds": seconds,
                 "test": res, "learn": rep, "args": vars(args)}

@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+import record
+
 ROWS = ("plain", "weight", "learned", "dual", "weight-off", "dual-off", "weight-qkrope", "dual-qkrope")
 #: the families as `--groups` names them (the spec's constants; the default leaves the residual scale out)
 FAMILY_LABELS = {"residual_rotation": "rotation", "head_perm": "heads", "qk_map": "QK", "ov_map": "OV",
@@ -208,8 +210,8 @@ def main() -> None:
     if sys.argv[1:2] == [QKROPE]:
         qk_as_rotary()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="runs/study", help="folder of the trained pairs")
-    ap.add_argument("--work", default="runs/rotary/study", help="outputs and reports, one folder per row")
+    ap.add_argument("--runs", default="runs", help="folder of the trained pairs (benchmarks/pairs.py)")
+    ap.add_argument("--work", default="runs/rotary", help="outputs and reports, one folder per row")
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--pairs", default="gpt2,neox,llama", help="comma-separated pair names")
     ap.add_argument("--rows", default="plain,weight,dual", help=f"comma-separated, from {','.join(ROWS)}")
@@ -224,6 +226,7 @@ def main() -> None:
     ap.add_argument("--val-points", type=int, default=5)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--tables-only", action="store_true", help="print the tables from the reports, run nothing")
+    record.add_argument(ap, "rotary_study")
     args = ap.parse_args()
     args.rows = args.rows.split(",")
     bad = [r for r in args.rows if r not in ROWS]
@@ -236,6 +239,23 @@ def main() -> None:
             for label, method, groups in plan(args, n, fams):
                 run_row(args, n, label, method, groups)
     print(tables(Path(args.work), names))
+    record_result(args, names)
+
+
+def record_result(args, names: list[str]) -> None:
+    """Every row of this run with a report, as a record of benchmarks/results/rotary_study.json."""
+    work, rows = Path(args.work), []
+    for n in names:
+        labels = [label for label, _, _ in plan(args, n, list(FAMILY_LABELS))]
+        for label in labels:
+            f = figures(work / n / label)
+            if f is not None:
+                learn = f"{f['best']}, {f['before']:.4f} -> {f['after']:.4f}" if f.get("best") is not None else "–"
+                rows.append([n, label, f"{f['l0']:.3f}", f"{f['l1']:.3f}", f"{f['barrier']:.4f} ± {f['se']:.4f}",
+                             str(f["lam"]), learn, f"{f['seconds']:.0f}" if "seconds" in f else "–"])
+    key = f"pairs {args.pairs}, rows {','.join(args.rows)}, {args.steps} steps"
+    record.save(args.results, "rotary_study", key, key, [record.table("test barrier ± s.e. at the peak λ", [
+        "pair", "row", "L(A)", "L(B)", "barrier", "peak λ", "best step, validation before -> after", "align s"], rows)])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import torch
 from symmerge.presets import HF_CLASSES, get_preset, lm_config, vit_config
 from symmerge.train import _optimizer, _step
 
+import record
+
 
 def bench(arch: str, preset: str, vocab: int, steps: int, warmup: int, batch_size: int | None) -> tuple[float, str]:
     import transformers
@@ -37,11 +39,11 @@ def bench(arch: str, preset: str, vocab: int, steps: int, warmup: int, batch_siz
     model = getattr(transformers, HF_CLASSES[arch])(config).train()
     opt = _optimizer(model, p, p.lr)
     for _ in range(warmup):
-        _step(model, opt, batch, p.lr, p.clip)
+        _step(model, opt, batch, p.lr, p.clip, torch.float32)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        _step(model, opt, batch, p.lr, p.clip)
+        _step(model, opt, batch, p.lr, p.clip, torch.float32)
         times.append(time.perf_counter() - t0)
     dt = sorted(times)[len(times) // 2]  # median: robust to other processes on a shared machine
     return per_step / dt, f"{unit} (median {dt:.2f} s/step of {steps}, batch {bs})"
@@ -56,13 +58,18 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocator and oneDNN warm-up)")
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
+    record.add_argument(ap, "train_throughput")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {a.preset}, vocab {a.vocab}")
+    rows = []
     for arch in a.archs.split(","):
         rate, what = bench(arch, a.preset, a.vocab, a.steps, a.warmup, a.batch_size)
         print(f"{arch:6s} {rate:10.0f} {what}")
+        rows.append([arch, f"{rate:.0f} {what}"])
+    key = f"{a.preset} preset, vocab {a.vocab}, batch {a.batch_size or 'of the preset'}"
+    record.save(a.results, "train_throughput", key, key, [record.table("throughput", ["arch", "rate"], rows)])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ for the assignment costs from bf16 products) for the start pass and `--sweeps` s
 - peak RSS when the sweep reaches the middle block and at the end (flat in depth = equal).
 
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-410m
-    PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-1.4b --folder /tmp/wm-scale
+    PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-1.4b --folder runs/wm-scale
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape llama-2-7b --cost-products bfloat16
 
 Each part read is also logged as it happens (`part KEY at T s, RSS R GiB`), so that a run stopped early
@@ -36,6 +36,8 @@ import symmerge.match.weight_steps as steps_mod
 from symmerge.io import ShardWriter
 from symmerge.match.weight_products import CHOICES
 from symmerge.model import LazyModel, expected_tensors, part_keys
+
+import record
 
 SHAPES = {"pythia-70m": (512, 6, 8), "pythia-410m": (1024, 24, 16), "pythia-1.4b": (2048, 24, 16),
           "llama-2-7b": (4096, 32, 32)}  # d, layers, heads
@@ -116,7 +118,7 @@ class Source:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=SHAPES, default="pythia-410m")
-    ap.add_argument("--folder", default="/tmp/wm-scale", help="where the two checkpoints are written (reused)")
+    ap.add_argument("--folder", default="runs/wm-scale", help="where the two checkpoints are written (reused)")
     ap.add_argument("--sweeps", type=int, default=1)
     ap.add_argument("--precision", choices=("float32", "float64"), default="float32")
     ap.add_argument("--threads", type=int, default=1)
@@ -128,6 +130,7 @@ def main() -> None:
     ap.add_argument("--device", default=None, help="where the large products run (weight_match(device=)): cuda, cuda:N")
     ap.add_argument("--workers", type=int, default=1, help="blocks solved at once in a sweep (weight_match(workers=)); "
                     "--threads is shared among them")
+    record.add_argument(ap, "weight_matching_scale")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.precision)
@@ -190,6 +193,13 @@ def main() -> None:
     if args.device and torch.device(args.device).type == "cuda":
         print(f"peak GPU memory {torch.cuda.max_memory_allocated(args.device) / 2**30:.2f} GiB")
     print(f"similarity {res.history[0]:.6f} -> {res.history[-1]:.6f}")
+    key = f"{root.name}, {args.precision}, cost products {args.cost_products}, device {args.device or 'cpu'}"
+    record.save(args.results, "weight_matching_scale", key, key, [record.table("one sweep", [
+        "start pass", "s / sweep (CPU)", "assignments", "Procrustes + head maps", "reading (both passes)",
+        "floor (plain read + assignments)", "sweep / floor", "peak RSS, mid-depth / end"], [[
+        f"{sweep_start - log[0][1]:.1f} s", f"{per_sweep:.1f} s ({cpu_per_sweep:.1f} s)", f"{assign:.1f} s",
+        f"{maps:.1f} s", f"{reading:.1f} s", f"{read_s + assign / sweeps:.1f} s",
+        f"{per_sweep / (read_s + assign / sweeps):.2f}", f"{mid[2]:.2f} / {rss_end:.2f} GiB"]])])
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from weight_matching_scale import SHAPES, write_random_checkpoint  # noqa: E402
 from symmerge.match.weight import weight_match  # noqa: E402
 from symmerge.model import LazyModel  # noqa: E402
 
+import record  # noqa: E402
+
 
 def compare(ref: dict, other: dict, spec) -> dict:
     """Permutations equal, largest relative difference of the other groups' parameters, bitwise equality."""
@@ -48,12 +50,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=SHAPES, default="pythia-70m")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--folder", default="/tmp/wm-devices")
+    ap.add_argument("--folder", default="runs/wm-devices")
     ap.add_argument("--threads", default="1,2", help="comma-separated CPU thread counts")
     ap.add_argument("--device", default="", help="comma-separated devices for the products (cuda, cuda:N)")
     ap.add_argument("--sweeps", type=int, default=5)
     ap.add_argument("--precision", choices=("float32", "float64"), default="float64")
     ap.add_argument("--json", default=None)
+    record.add_argument(ap, "wm_devices")
     args = ap.parse_args()
     root = Path(args.folder) / f"{args.shape}-L{args.layers}"
     for side, seed in (("a", 0), ("b", 1)):
@@ -87,6 +90,13 @@ def main() -> None:
     print(text)
     if args.json:
         Path(args.json).write_text(text)
+    key = f"{args.shape}, {args.layers} layers, {args.precision}"
+    record.save(args.results, "wm_devices", key, key, [record.table("weight matching", [
+        "device", "threads", "seconds", "similarity", "sweeps", "same as the first run"], [[
+        r["device"], r["threads"], r["seconds"], repr(r["similarity"]), r["sweeps"],
+        "bit for bit" if r["bitwise_equal"] else (f"permutations {'equal' if r['permutations_equal'] else 'differ'}, "
+                                                  f"continuous maps within {r['max_rel_diff_continuous']:.1e} relative")]
+        for r in results])])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The trained models every benchmark reads: one `symmerge train` command per model, by name, into `runs/`.
+
+A benchmark's inputs are named in its result file (`inputs`) and in its section of benchmarks/README.md;
+`python benchmarks/pairs.py NAME ...` trains them, one model at a time, at the thread count given (the
+recorded models were trained at 1 thread: training's last bits depend on the count). A model whose
+folder already holds `model.safetensors` is skipped. What each model reached (final training loss,
+validation and test loss and accuracy, from its `symmerge.json`) is recorded in `results/pairs.json`. Data lies beside the checkout (`../shared/data`,
+or `--data-root`).
+
+    python benchmarks/pairs.py --list                       # every name, its models and commands
+    python benchmarks/pairs.py vit-demo llama-char-demo     # both seeds of each
+    python benchmarks/pairs.py vit-demo --seeds 0,1,2,3     # the many-model benchmark's four ViTs
+
+Each name is a family of models that differ only in the seed (`{seed}` in the folder and command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import record
+
+TS = "{data}/tinyshakespeare.txt"
+MNIST = "{data}/mnist/mnist.pkl.gz"
+DEMO_LM = "--preset demo --tokenizer char --data " + TS + " --steps 1500 --warmup 75"
+DEMO_VIT = "--arch vit --preset demo --data " + MNIST + " --steps 1500 --warmup 75"
+
+#: name -> (folder under runs/ with {seed}, `symmerge train` arguments with {seed} and {data}, default seeds)
+PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
+    "gpt2-char-tiny": ("ts-char-tiny-seed{seed}", "--arch gpt2 --preset tiny --data " + TS
+                       + " --seed {seed} --steps 1500 --batch-size 32 --lr 3e-3 --warmup 50", (0, 1)),
+    "gpt2-char-small": ("ts-char-small-seed{seed}", "--arch gpt2 --preset small --tokenizer char --data " + TS
+                        + " --seed {seed} --steps 350 --warmup 35 --batch-size 8 --save-every 50", (0, 1)),
+    "gpt2-bpe-small-140": ("ts-gpt2bpe-small-seed{seed}", "--arch gpt2 --preset small --tokenizer gpt2 --gpt2-bpe "
+                           "{data} --data " + TS + " --seed {seed} --steps 140 --warmup 14 --batch-size 4 "
+                           "--save-every 20", (0, 1)),
+    "gpt2-bpe-small-240": ("ts-gpt2bpe-small-240-seed{seed}", "--arch gpt2 --preset small --tokenizer gpt2 --gpt2-bpe "
+                           "{data} --data " + TS + " --seed {seed} --steps 240 --warmup 24 --batch-size 4 "
+                           "--save-every 25", (0, 1)),
+    "vit-demo": ("mnist-vit-demo-seed{seed}", DEMO_VIT + " --seed {seed}", (0, 1)),
+    "vit-demo-6k": ("mnist-vit-demo6k-seed{seed}", "--arch vit --preset demo --data " + MNIST
+                    + " --seed {seed} --steps 6000 --warmup 300", (0, 1)),
+    "vit-demo-w256": ("mnist-vit-w256lr-seed{seed}", DEMO_VIT + " --d-model 256 --d-mlp 1024 --lr 1e-3 --seed {seed}",
+                      (0, 1)),
+    "vit-wide": ("mnist-vit-wide-seed{seed}", DEMO_VIT + " --d-model 256 --d-mlp 512 --seed {seed}", (1,)),
+    "gpt2-char-demo": ("ts-char-gpt2-demo-seed{seed}", "--arch gpt2 " + DEMO_LM + " --seed {seed}", (0, 1)),
+    "gpt2-char-wide": ("ts-char-gpt2-wide-seed{seed}", "--arch gpt2 " + DEMO_LM + " --d-model 256 --d-mlp 1024 "
+                       "--seed {seed}", (1,)),
+    "llama-char-demo": ("ts-char-llama-demo-seed{seed}", "--arch llama " + DEMO_LM + " --seed {seed}", (0, 1)),
+    "llama-char-wide": ("ts-char-llama-wide-seed{seed}", "--arch llama " + DEMO_LM + " --d-model 256 --d-mlp 688 "
+                        "--seed {seed}", (1,)),
+    "llama-mha-char-demo": ("ts-char-llama-mha-demo-seed{seed}", "--arch llama " + DEMO_LM + " --kv-heads 4 "
+                            "--seed {seed}", (0, 1)),
+    "neox-char-demo": ("ts-char-neox-demo-seed{seed}", "--arch neox " + DEMO_LM + " --seed {seed}", (0, 1)),
+    "neox-rot100-char-demo": ("ts-char-neox-rot100-demo-seed{seed}", "--arch neox " + DEMO_LM + " --rotary-pct 1.0 "
+                              "--seed {seed}", (0, 1)),
+    "neox-seq-char-demo": ("ts-char-neox-seq-demo-seed{seed}", "--arch neox " + DEMO_LM + " --parallel-residual off "
+                           "--seed {seed}", (0, 1)),
+}
+
+
+def commands(name: str, seeds: tuple[int, ...] | None = None, runs: str = "runs", data: str = "../shared/data",
+             threads: int = 1) -> list[tuple[str, list[str]]]:
+    """(folder, `symmerge train` argv) for every seed of `name`."""
+    folder, args, default = PAIRS[name]
+    out = []
+    for seed in default if seeds is None else seeds:
+        argv = ["train", *shlex.split(args.format(seed=seed, data=data)), "--threads", str(threads)]
+        out.append((f"{runs}/{folder.format(seed=seed)}", argv + ["-o", f"{runs}/{folder.format(seed=seed)}"]))
+    return out
+
+
+def describe(name: str) -> str:
+    """The commands of `name` as one shell line per model (the README's form)."""
+    return "\n".join("symmerge " + shlex.join(argv) for _, argv in commands(name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"models to train: {', '.join(PAIRS)}")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the name's own)")
+    ap.add_argument("--runs", default="runs", help="folder the models are written under")
+    ap.add_argument("--data-root", default="../shared/data", help="folder holding tinyshakespeare.txt and mnist/")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--list", action="store_true", help="print every name and its commands")
+    record.add_argument(ap, "pairs")
+    args = ap.parse_args(argv)
+    if args.list or not args.names:
+        for name in PAIRS:
+            print(f"{name}:\n{describe(name)}\n")
+        return 0
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    for name in args.names:
+        if name not in PAIRS:
+            raise SystemExit(f"unknown name {name!r}: choose from {', '.join(PAIRS)}")
+        for folder, train in commands(name, seeds, args.runs, args.data_root, args.threads):
+            if (Path(folder) / "model.safetensors").is_file():
+                print(f"skip {folder} (trained)")
+                continue
+            print("symmerge " + shlex.join(train), flush=True)
+            subprocess.run([sys.executable, "-m", "symmerge", *train], check=True)
+        rows = [trained(folder) for folder, _ in commands(name, seeds, args.runs, args.data_root, args.threads)]
+        record.save(args.results, "pairs", name, name, [record.table(name, COLUMNS, rows)])
+    return 0
+
+
+COLUMNS = ["model", "steps", "training s", "train", "validation", "test", "test accuracy"]
+
+
+def trained(folder: str) -> list[str]:
+    """A trained model's row: its final figures as `symmerge train` recorded them."""
+    t = json.loads((Path(folder) / "symmerge.json").read_text())["train"]
+    v, s = t["validation"], t["test"]
+    return [Path(folder).name, str(t["steps_done"]), f"{t['wall_s']:.0f}", f"{t['final_train_loss']:.3f}",
+            f"{v['loss']:.3f} ± {v['loss_se']:.3f}", f"{s['loss']:.3f} ± {s['loss_se']:.3f}", f"{s['accuracy']:.4f}"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
