@@ -17,7 +17,7 @@ CONTINUOUS = ["residual_rotation", "qk_map", "ov_map"]
 
 def quick(**kw) -> LearnConfig:
     """A few steps, validation every three: enough to exercise the loop in well under a second."""
-    base = dict(steps=6, lr=0.05, eval_every=3, grid_points=3, progress=False)
+    base = dict(steps=6, lr=0.05, eval_every=3, grid_points=3, extend=1.0, progress=False)
     return LearnConfig(**{**base, **kw})
 
 

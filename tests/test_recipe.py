@@ -161,7 +161,7 @@ def test_epochs_and_validation_defaults_take_all_the_data(pair, monkeypatch):
     seen = []
     real = learner_module.Learner.loss
     monkeypatch.setattr(learner_module.Learner, "loss", lambda self, batch, lam: seen.append(id(batch)) or real(self, batch, lam))
-    cfg = LearnConfig(groups=CONTINUOUS, epochs=2, lr=0.01, grid_points=3, progress=False)
+    cfg = LearnConfig(groups=CONTINUOUS, epochs=2, lr=0.01, grid_points=3, extend=1.0, progress=False)
     assert cfg.steps is None and cfg.val_batches == "auto"
     rep = learn(a, b, train, val, cfg).report
     assert rep["steps"] == rep["plan"]["steps"] == 6 and rep["plan"]["train_batches"] == 3

@@ -42,6 +42,11 @@ LR_FACTORS = (0.01, 0.03, 0.1, 0.3, 1.0)
 #: the full recipe: passes over the training batches, validation barriers per run, and the standard
 #: error (nats) the validation barrier is sized for
 EPOCHS = 4.0
+#: nats: below this a change of the validation barrier is called "within" whatever its standard error, and
+#: a run's last gain too small to learn on for
+FLAT = 1e-3
+#: the full recipe's cap on a run that is still improving at its planned end: this multiple of its planned steps
+EXTEND = 2.0
 EVALUATIONS = 10
 VAL_SE = 0.002
 #: data per training batch of the full recipe, in tokens (an image counts its patches and CLS token):
@@ -50,11 +55,12 @@ BATCH_TOKENS = 1024
 
 RECIPES = {
     "full": {"steps": None, "epochs": EPOCHS, "lr": "auto", "lam_range": (0.2, 0.8), "grid_points": 11,
-             "eval_every": None, "val_batches": "auto", "batch_size": None, "max_batches": None},
+             "eval_every": None, "val_batches": "auto", "batch_size": None, "max_batches": None, "extend": EXTEND},
     "quick": {"steps": 200, "epochs": None, "lr": DEFAULT_LR, "lam_range": (0.4, 0.6), "grid_points": 5,
-              "eval_every": 25, "val_batches": 16, "batch_size": 8, "max_batches": 8},
+              "eval_every": 25, "val_batches": 16, "batch_size": 8, "max_batches": 8, "extend": 1.0},
 }
-#: a run's length is given by one of these; giving one explicitly drops the recipe's other
+#: a run's length is given by one of these; giving one explicitly drops the recipe's other, and fixes the
+#: length (`extend` 1 unless given too)
 LENGTH = ("steps", "epochs")
 
 
@@ -108,6 +114,17 @@ def parse_epochs(text: str) -> float:
     return x
 
 
+def parse_extend(text: str) -> float:
+    """`--extend`: a finite number of at least 1."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise SymmergeError(f"--extend {text!r} is not a number") from None
+    if not (math.isfinite(x) and x >= 1):
+        raise SymmergeError(f"--extend {text} must be a finite number of at least 1 (1: never learn past the planned steps)")
+    return x
+
+
 def parse_val_batches(text: str) -> int | str:
     """`--val-batches`: 'auto' (sized from the standard error) or a whole number of at least 1."""
     n = _auto_or(text, "--val-batches", int, "a whole number")
@@ -133,6 +150,7 @@ class LearnConfig:
     eval_every: int | None = _FULL["eval_every"]  # None: steps / `evaluations`
     evaluations: int = EVALUATIONS
     patience: int = 0  # evaluations without improvement before stopping; 0: never stop early
+    extend: float = _FULL["extend"]  # learn on while the best state is the last evaluation, up to this x steps
     grid_points: int = _FULL["grid_points"]  # lambdas of the validation barrier (endpoints included)
     val_batches: int | str | None = _FULL["val_batches"]  # "auto": sized for VAL_SE; None: all given
     anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
@@ -176,6 +194,9 @@ class LearnConfig:
             raise SymmergeError(f"--steps must be >= 0, got {self.steps}")
         if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
             raise SymmergeError(f"--epochs must be a finite number above 0, got {self.epochs}")
+        if not (isinstance(self.extend, (int, float)) and math.isfinite(self.extend) and self.extend >= 1):
+            raise SymmergeError(f"--extend must be a number of at least 1 (1: never learn past the planned steps), "
+                                f"not {self.extend!r}")
         if (self.eval_every is not None and self.eval_every < 1) or self.evaluations < 1:
             raise SymmergeError("--eval-every and the number of evaluations must be at least 1")
 
@@ -195,4 +216,6 @@ class LearnConfig:
         out["lam_range"] = list(out["lam_range"])
         if out["lam_sampling"] == "uniform":  # checkpoints written before the option existed still resume
             del out["lam_sampling"]
+        if out["extend"] == 1:
+            del out["extend"]
         return out

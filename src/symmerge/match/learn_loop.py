@@ -1,5 +1,15 @@
 """The training loop of learned / dual matching: steps, validation barrier, best state, early stopping,
-checkpoints and resume (see `learned.py` for the method and `learn_state.py` for the files).
+learning on past the plan, checkpoints and resume (see `learned.py` for the method and `learn_state.py`
+for the files).
+
+Learning on (`LearnConfig.extend` > 1): a run whose best state is its last evaluation, below the one
+before by more than `FLAT` nats, was still improving when its cosine schedule ended. It then learns one
+more chunk (a quarter of the planned steps, whole evaluation intervals) on a cosine cycle of its own
+from half the planned rate, and again after each chunk that ends the same way, while the steps stay
+within `extend` times the planned ones. The best state is kept as always, so learning on never makes the
+result worse; it costs at most (extend - 1) x the planned steps. Where it fails: a curve that improves
+by less than FLAT per evaluation, or whose gain at the end came from the schedule's annealing alone,
+stops at the plan.
 
 Every step's randomness (which batch, which lambda) is a function of (seed, step) alone -- and, for
 `lam_sampling="peak"`, of the last validation curve, which the checkpoint holds --, so a run resumed
@@ -20,6 +30,7 @@ from .. import SymmergeError, distributed
 from ..barrier import above_line, highest_excess, line_barrier
 from ..evaluate import grid
 from ..progress import tqdm
+from .learn_config import FLAT
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
 from .learner import Learner
 
@@ -76,6 +87,19 @@ def _cosine_lr(lr: float, step: int, total: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * step / max(total, 1)))
 
 
+def scheduled_lr(lr: float, step: int, planned: int, chunk: int) -> float:
+    """The rate of `step`: cosine decay over the `planned` steps, then, for the steps learned on past
+    them, a cosine cycle per `chunk` steps from lr / 2."""
+    if step < planned or chunk < 1:
+        return _cosine_lr(lr, step, planned)
+    return _cosine_lr(lr / 2, (step - planned) % chunk, chunk)
+
+
+def extension_chunk(planned: int, eval_every: int) -> int:
+    """Steps of one chunk learned on past the plan: about a quarter of the plan, whole evaluation intervals."""
+    return eval_every * max(1, round(planned / 4 / eval_every))
+
+
 class _StopFlag:
     """Ctrl-C sets a flag; the loop checkpoints at the next step boundary and raises `Interrupted`."""
 
@@ -103,7 +127,8 @@ class Run:
         self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
         self.lams = grid(self.cfg.grid_points)
         self.meta = {"step": 0, "history": [], "best_step": 0, "best_barrier": None, "bad_evals": 0,
-                     "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None}
+                     "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None,
+                     "total": self.cfg.steps, "extended": 0}
 
     # --- state ---
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -133,7 +158,7 @@ class Run:
                 s.fixed[k] = tensors[f"fixed.{s.key}.{k}"]
         self.best = {k: tensors[f"best.{k}"] for k in self.names}
         restore_adam(self.opt, self.names, tensors)
-        self.meta = {k: meta[k] for k in self.meta}
+        self.meta = {k: meta.get(k, v) for k, v in self.meta.items()}
 
     # --- evaluation ---
     def evaluate(self, step: int) -> None:
@@ -155,6 +180,22 @@ class Run:
             if self.cfg.patience and m["bad_evals"] >= self.cfg.patience:
                 m["stopped_early"] = True
 
+    def _learn_on(self) -> bool:
+        """At the end of the steps so far: add a chunk when the best state is the last evaluation, below
+        the one before by more than FLAT, and the cap allows it (module docstring). Every process decides
+        alike (the history is the same everywhere)."""
+        m, cfg = self.meta, self.cfg
+        h = m["history"]
+        chunk = extension_chunk(cfg.steps, cfg.eval_every)
+        if cfg.extend <= 1 or m["diverged"] or len(h) < 2 or m["best_step"] != h[-1]["step"]:
+            return False
+        fell = h[-2]["barrier"] is not None and h[-2]["barrier"] - h[-1]["barrier"] > FLAT
+        if not fell or m["total"] + chunk > math.floor(cfg.extend * cfg.steps):
+            return False
+        m["total"] += chunk
+        m["extended"] += chunk
+        return True
+
     def _best_excess(self) -> float:
         """The best state's highest excess over the line. The best state is the one of lowest barrier;
         among paths at or below the line (barrier 0) the one whose highest point stands lowest."""
@@ -169,7 +210,7 @@ class Run:
             lam = peak_lambda(self.lams, self.meta["history"][-1]["losses"], self.cfg.lam_range,
                               _peak_uniforms(self.cfg.seed, step))
         for pg in self.opt.param_groups:
-            pg["lr"] = _cosine_lr(self.cfg.lr, step, self.cfg.steps)
+            pg["lr"] = scheduled_lr(self.cfg.lr, step, self.cfg.steps, extension_chunk(self.cfg.steps, self.cfg.eval_every))
         self.opt.zero_grad(set_to_none=True)
         batch = self.train[idx]
         loss = self.learner.loss(self.group.local(batch), lam)
@@ -196,7 +237,8 @@ class Run:
                    desc=f"{cfg.method} matching")
         t0 = time.perf_counter()
         with _StopFlag() as stop:
-            while not m["done"] and not m["stopped_early"] and m["step"] < cfg.steps:
+            while not m["done"] and not m["stopped_early"] and (m["step"] < m["total"] or self._learn_on()):
+                bar.total = m["total"]
                 loss = self.train_step(m["step"], stop.set)
                 if m["diverged"]:
                     if self.group.main:
@@ -205,7 +247,7 @@ class Run:
                     break
                 m["step"] += 1
                 bar.update(1)
-                if m["step"] % cfg.eval_every == 0 or m["step"] == cfg.steps:
+                if m["step"] % cfg.eval_every == 0 or m["step"] == m["total"]:
                     self.evaluate(m["step"])
                 bar.set_postfix(loss=f"{loss:.4f}", barrier=str(m["history"][-1]["barrier"])[:6])
                 m["time_s"] += time.perf_counter() - t0
@@ -228,7 +270,8 @@ class Run:
                 t.copy_(self.best[k])
         m, learner = self.meta, self.learner
         report = {
-            "method": self.cfg.method, "steps": m["step"], "time_s": round(m["time_s"], 3),
+            "method": self.cfg.method, "steps": m["step"], "planned_steps": self.cfg.steps,
+            "extended_steps": m["extended"], "time_s": round(m["time_s"], 3),
             "barrier_before": m["history"][0]["barrier"], "barrier_after": m["best_barrier"],
             "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
             "lambdas": self.lams, "losses_before": m["history"][0]["losses"],

@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 
 from ..evaluate import mean_se
+from .learn_config import FLAT
 from .learn_plan import batch_excess
 
-#: nats: below this a change of the validation barrier is called "within" whatever its standard error
-FLAT = 1e-3
 
 
 def best_se(learner, val: list[dict], lams: list[float], losses: list[float]) -> float | None:
@@ -72,6 +71,9 @@ def end_line(report: dict) -> str:
         tail = "after it the loss stopped being finite (lower --lr)"
     if report.get("stopped_early"):
         tail += "; stopped early (--patience)"
+    if report.get("extended_steps"):
+        tail += (f"; learned {report['extended_steps']} steps past the planned {report['planned_steps']} "
+                 "while the validation barrier kept falling (--extend)")
     plan = report.get("plan", {})
     search = plan.get("lr_search")
     rate = f"lr {plan['lr']:.3g}" if "lr" in plan else ""

@@ -138,7 +138,7 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
     tried: dict[float, tuple[float, bool]] = {}  # rate -> (excess, diverged)
 
     def short_run(lr: float) -> None:
-        learner.cfg = replace(cfg, lr=lr, steps=k, eval_every=k, lam_sampling="uniform", progress=False)
+        learner.cfg = replace(cfg, lr=lr, steps=k, eval_every=k, lam_sampling="uniform", progress=False, extend=1.0)
         run = Run(learner, train, sub, None, None)
         for step in range(k):
             run.train_step(step)

@@ -43,6 +43,7 @@ from .learn_config import (
     VAL_SE,
     LearnConfig,
     parse_epochs,
+    parse_extend,
     parse_lam_range,
     parse_lr,
     parse_val_batches,
@@ -146,6 +147,9 @@ OPTIONS = {o.name: o for o in (
     Option("seed", _learn_default("seed"), "seed of the batch order and λ draws", seed),
     Option("eval_every", FromRecipe("eval_every"), f"steps between validation barriers (none: {EVALUATIONS} in the run)",
            at_least(1)),
+    Option("extend", FromRecipe("extend"), "while the last evaluation is the best, learn on by quarters of the run "
+           "up to this multiple of its steps (1: never; --steps/--epochs alone: 1; pairs only)",
+           argument_type(parse_extend)),
     Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
            "(0: never)", at_least(0)),
     Option("val_batches", FromRecipe("val_batches"), "validation batches for choosing the best state; auto: enough "
@@ -207,7 +211,7 @@ def learn_config(method: str, families, opts, progress: bool = True, device: str
     cfg = LearnConfig(method=method, groups=families, param=opts["param"], steps=opts["steps"],
                       epochs=opts["epochs"], lr=opts["lr"], lam_range=opts["lam_range"],
                       lam_sampling=opts["lam_sampling"], seed=opts["seed"], eval_every=opts["eval_every"],
-                      patience=opts["patience"], grid_points=opts["val_points"], val_batches=opts["val_batches"],
+                      patience=opts["patience"], extend=opts["extend"], grid_points=opts["val_points"], val_batches=opts["val_batches"],
                       progress=progress, device=device, dtype=dtype, recompute=opts.get("recompute") or "block")
     cfg.validate()
     return cfg
@@ -230,7 +234,7 @@ def _run_learned(method: str, a, b, families, data, opts, start, progress: bool 
 
 _DATA_OPTIONS = ("batch_size", "max_batches")
 _LEARN_OPTIONS = (*_DATA_OPTIONS, "recipe", "param", "steps", "epochs", "lr", "lam_range", "lam_sampling", "seed",
-                  "eval_every", "patience", "val_batches", "val_points", "recompute")
+                  "eval_every", "extend", "patience", "val_batches", "val_points", "recompute")
 
 
 @dataclass
@@ -356,6 +360,8 @@ def options_for(name: str, given: dict | None = None) -> dict:
     for k in LENGTH:
         if explicit and k in names and k not in explicit:
             out[k] = None
+    if explicit and "extend" in names and given.get("extend") is None:
+        out["extend"] = 1.0  # a length given is the length taken
     return out
 
 
