@@ -16,7 +16,7 @@ sys.path.insert(0, str(BENCH))
 import record  # noqa: E402
 
 #: files of benchmarks/ that are tools, not benchmarks (no result of their own)
-TOOLS = {"record.py", "make_readme.py", "readme_figures.py", "reproduction_summary.py"}
+TOOLS = {"record.py", "make_readme.py", "readme_figures.py", "figure_refs.py", "reproduction_summary.py"}
 #: a machine path, or a diary: a date, a time of day, a session or helper
 DIARY = re.compile(r"/(?:work|tmp|root|home)/|\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?::\d\d)? UTC\b|\bsession\b|\bhelpers?\b",
                    re.I)
@@ -71,3 +71,19 @@ def test_paths_in_commands_are_portable():
     assert record.portable("/somewhere/else/data.txt") == "data.txt"
     assert record.portable("runs/a") == "runs/a"
     assert record.command([str(BENCH / "assignment.py"), "--sizes", "64"]) == "python benchmarks/assignment.py --sizes 64"
+
+
+def test_the_benchmarks_readme_is_generated_from_the_results():
+    import make_readme
+
+    assert (BENCH / "README.md").read_text() == make_readme.render(), "run python benchmarks/make_readme.py"
+    text = make_readme.render()
+    assert not DIARY.search(text)
+    for result in _results().values():
+        assert f"## {result['title']}" in text and f"`{result['script']}`" in text
+    # negative control: a figure changed in a result shows in the generated text, which then differs
+    results = make_readme.load_all()
+    cell = results[0]["records"][0]["tables"][0]["rows"][0]
+    cell[-1] = "123.456"
+    changed = make_readme.render(results)
+    assert changed != text and "| 123.456 |" in changed

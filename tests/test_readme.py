@@ -4,8 +4,8 @@
   then the Python block exactly as printed, both in an empty folder (their relative `runs/...` paths);
 - the README's figures (`benchmarks/readme_figures.py`, the registry): every result-like number of README.md
   is registered (a figure with its source, or a number that is no result, with the reason); the `test`
-  figures are regenerated and compared; the `benchmark` figures are the ones their benchmarks/README.md
-  sections record; the `script` ones (the demo row, minutes) are compared by
+  figures are regenerated and compared; each `benchmark` figure equals, at its printed precision, the result
+  cell it names in benchmarks/results/ (a changed or swapped figure fails); the `script` ones (the demo row, minutes) are compared by
   `python benchmarks/readme_figures.py --figures script`; each with a negative control;
 - `python -m symmerge` is the CLI.
 """
@@ -82,15 +82,21 @@ def test_every_result_number_in_the_readme_is_registered():
     assert any("demo-scale" in p for p in rf.registry_problems(re.sub(rf.FIGURES["demo-scale"].pattern, "", README)))
 
 
-def test_benchmark_figures_are_what_their_benchmark_sections_record():
+def test_benchmark_figures_are_what_their_result_files_record():
     stale = {f.name: rf.unrecorded(f) for f in rf.FIGURES.values() if f.kind == "benchmark"}
-    assert {k: v for k, v in stale.items() if v} == {}, "README figures that benchmarks/README.md does not record"
-    # negative control: a README value moved past its record's rounding is found, one at the limit is not
+    assert {k: v for k, v in stale.items() if v} == {}, "README figures that differ from benchmarks/results/"
+    # negative controls: a value moved past its record's rounding is found, one at the limit is not
     figure = rf.FIGURES["table-llama"]
     m = re.search(figure.pattern, README)
-    assert m.group(1) == "1.694"  # benchmarks/README.md records 1.6943
-    for value, missing in (("1.695", ["1.695"]), ("1.694", [])):
-        assert rf.unrecorded(figure, README[: m.start(1)] + value + README[m.end(1):]) == missing
+    assert m.group(1) == "1.694"  # benchmarks/results/ablation_barrier.json records 1.6943
+    for value, missing in (("1.695", 1), ("1.694", 0), ("0.000", 1)):
+        assert len(rf.unrecorded(figure, README[: m.start(1)] + value + README[m.end(1):])) == missing
+    # ... two figures of a row swapped are found (learned 0.334 and dual 0.299 exchanged)
+    swapped = README[: m.start(4)] + m.group(5) + README[m.end(4): m.start(5)] + m.group(4) + README[m.end(5):]
+    assert [u.split(" ")[0] for u in rf.unrecorded(figure, swapped)] == [m.group(5), m.group(4)]
+    # ... and a reference that names no single cell is a registry problem
+    bad = rf.dataclasses.replace(figure, refs=figure.refs[:-1] + (rf.Ref("ablation_barrier", "demo", "a", "Llama"),))
+    assert any("matches 2 rows" in p for p in rf.registry_problems(figures={"table-llama": bad}))
 
 
 def test_the_readme_says_which_figures_the_test_and_the_script_regenerate():
