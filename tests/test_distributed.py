@@ -323,6 +323,35 @@ def test_align_under_torchrun(dirs, tmp_path):
     assert sorted(p.name for p in root.iterdir()) == before
 
 
+def test_merge_of_three_under_torchrun_takes_the_single_process_steps(dirs, tmp_path):
+    """`python -m symmerge merge --method dual` of three models in 2 processes (each its rows of every batch)
+    writes what one process writes, to 1e-5 relative (float32 sums in another order); rank 0 alone writes.
+    Negative control: the learned merge is not the weight-matching merge it started from."""
+    from factories import make_model, save_model
+    from symmerge.cli import main
+    from symmerge.tokenizers import char_tokenizer
+
+    third = save_model(make_model("gpt2", 2), tmp_path / "c")
+    char_tokenizer(CHARS).save_pretrained(third)
+
+    def merge(out, *extra) -> list[str]:
+        return ["merge", str(dirs[0]), str(dirs[1]), str(third), "-o", str(out), "--data", str(dirs[0].parent / "text.txt"),
+                "--batch-size", "4", "--max-batches", "3", *extra]
+
+    learned = ("--method", "dual", "--steps", "4", "--eval-every", "2", "--lr", "0.05", "--val-batches", "2")
+    proc = _launch("-m", "symmerge", *merge(tmp_path / "two", *learned, "--json", str(tmp_path / "two.json")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("wrote ") == 1, proc.stdout
+    assert main(merge(tmp_path / "one", *learned, "--json", str(tmp_path / "one.json"))) == 0
+    two, one = _load(tmp_path / "two" / "model.safetensors"), _load(tmp_path / "one" / "model.safetensors")
+    assert _rel(two, one) < 1e-5
+    r2, r1 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
+    assert [h["objective"] for h in r2["history"]] == pytest.approx([h["objective"] for h in r1["history"]], rel=1e-5)
+    assert not (tmp_path / "two.learn-state").exists()
+    assert main(merge(tmp_path / "weight")) == 0
+    assert _rel(_load(tmp_path / "weight" / "model.safetensors"), one) > 1e-4
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     if sys.argv[1] == "--cli":

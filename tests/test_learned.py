@@ -20,7 +20,8 @@ from symmerge.barrier import highest_excess
 from symmerge.elements import random_element
 from symmerge.evaluate import StockForward
 from symmerge.match.learn_config import LearnConfig, parse_lam_range
-from symmerge.match.learn_loop import Interrupted, peak_lambda
+from symmerge.match.learn_loop import Interrupted
+from symmerge.match.objectives import peak_lambda
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
@@ -120,7 +121,7 @@ def test_best_state_breaks_ties_below_the_line(pair):
         run.evaluate(step)
     barriers = [h["barrier"] for h in run.meta["history"]]
     assert barriers == pytest.approx([0.02, 0.0, 0.0, 0.0, 0.005])
-    assert run.meta["best_step"] == 2 and run.meta["best_barrier"] == 0.0  # not step 1, the first at 0
+    assert run.meta["best_step"] == 2 and run.meta["history"][2]["barrier"] == 0.0  # not step 1, the first at 0
     assert run.meta["bad_evals"] == 2
     assert highest_excess([0.0, 0.5, 1.0], [0.1, 0.08, 0.1]) == pytest.approx(-0.02)
     assert math.isnan(highest_excess([0.0, 0.5, 1.0], [0.1, math.inf, 0.1]))

@@ -7,7 +7,7 @@ deterministic), weights its loss by its share of the batch's predicted items (th
 over predicted tokens, or images), and one all-reduce of one float64 bucket (the weighted losses, the
 Ctrl-C flags and every gradient) makes each rank's gradient the gradient of the mean over the whole
 batch: sum_r (n_r/n) mean_r = mean. Batch indices and λ come from (seed, step) alone
-(`learn_loop._step_randomness`), so every rank takes the same step; the validation curve splits each
+(`objectives.step_randomness`), so every rank takes the same step; the validation curve splits each
 validation batch the same way and all-reduces the weighted sums, so every rank gets the same numbers
 and picks the same best state. Rank 0 alone writes OUT, the report and the checkpoint; every rank reads
 the checkpoint on `--resume`.
@@ -279,5 +279,5 @@ def idle(args) -> bool:
         return False
     if env_rank() == 1:
         print(f"symmerge {args.command}: runs in the first process alone (only align --method learned|dual "
-              "spreads over several)", file=sys.stderr)
+              "spreads over several; merge --method learned|dual too)", file=sys.stderr)
     return True

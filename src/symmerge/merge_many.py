@@ -13,11 +13,12 @@ to `aligned/<i>` (1-based, in the order given), written as one unit (`atomic.Ato
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 
-from . import SymmergeError
+from . import SymmergeError, distributed
 from .apply import apply
 from .io import AtomicFolders
 from .match import registry
@@ -72,7 +73,7 @@ class MeanView:
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
                  families: list[str] | str | None = "default", aligned=None, force: bool = False, opts: dict | None = None,
                  progress: bool = False, dtype=None, data=None, start=None, place=None,
-                 data_name: str | None = None) -> dict:
+                 data_name: str | None = None, resume: bool = False) -> dict | None:
     """Merge the checkpoints `paths` into OUT (see the module docstring); returns the report. `dtype`:
     of the outputs (default: the first input's). The aligned models are written in the norm gauge of the
     first input of the widest config (`gauge.py`; the first input where all have one config), so that their
@@ -87,7 +88,9 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     (it is the result: nothing is matched again), or of the matcher `method` starts from (learned / dual
     after a weight merge: the rounds are not run again). `place`: where the forward of learned / dual
     matching runs (`devices.Placement`; default: the CPU in the first input's dtype); they keep the models
-    frozen in their own dtype and run block by block (`learn_many.ManyLearner`)."""
+    frozen in their own dtype and run block by block (`learn_many.ManyLearner`), keep their run's state in
+    OUT.learn-state until OUT is written (`resume`: continue it) and, under torchrun, take every process's
+    rows of each batch: the first process writes OUT and returns the report, the others None."""
     from .expand import ExpandedModel
     from .match.summary import summarize
     from .model import LazyModel
@@ -110,15 +113,24 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     if start is not None and (start.method not in (method, matcher.starts_from) or len(start.elements) != len(models)):
         raise SymmergeError(f"merge --method {method}: the start given is a {start.method} alignment of "
                             f"{len(start.elements)} models, not one of {method} or {matcher.starts_from} of {len(models)}")
-    runtime = {}
+    runtime, group, ckpt = {}, distributed.current(), None
+    if resume and not matcher.forward:
+        raise SymmergeError(f"--resume continues an interrupted merge --method learned or dual run; {method} matching "
+                            "keeps no run to resume: run it again without --resume")
     if matcher.forward:
         from .devices import Placement
+        from .match.outputs import checkpoint_folder, open_checkpoint
 
         place = place or Placement(torch.device("cpu"))
         runtime = place.record(place.working(models[0].dtype))
+        group.agree(lambda: open_checkpoint(out, force, resume), main_only=True)
+        ckpt = checkpoint_folder(out)
+        runtime.update(checkpoint=ckpt, resume=resume)
     result = (start if start is not None and start.method == method else
-              registry.align_many(method, models, w, families, data, opts=opts, start=start, progress=progress,
-                                  **runtime))
+              registry.align_many(method, models, w, families, data, opts=opts, start=start,
+                                  progress=progress and group.main, **runtime))
+    if not group.main:
+        return None
     selected = models[0].spec.select(families)
     rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
            "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],
@@ -134,6 +146,8 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
                         progress=progress, dtype=dtype, into=tmps[0])
         if aligned is not None:
             _write_aligned(models, result.elements, aligned, tmps[1], meta, progress, w, dtype, ref)
+    if ckpt is not None:
+        shutil.rmtree(ckpt, ignore_errors=True)  # OUT is written: the run is done
     return rep
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import SymmergeError, devices
+from .. import SymmergeError, devices, distributed
 from ..match import registry
 from ..spec import FAMILIES
 from ..values import at_least
@@ -13,7 +13,7 @@ from .help_sections import DATA, DEVICE, LEARNED, MATCHING, ROUNDS, Sections, ou
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here), and
 #: the many-model options only learned / dual read
-LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "val_batches", "recompute")
+LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "extend", "val_batches", "recompute")
 MANY_LEARN_OPTIONS = ("val_simplex_points",)
 
 
@@ -50,9 +50,10 @@ def register(sub) -> None:
         add_option(learn, registry.OPTIONS[name], text, recipes=(registry.MANY_RECIPE,))
     for name in MANY_LEARN_OPTIONS:
         add_option(learn, registry.MANY_OPTIONS[name], registry.MANY_OPTIONS[name].help.removeprefix("learned/dual: "))
+    learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
     devices.add_arguments(sections.get(DEVICE, "learned and dual matching only; the others run on the CPU"),
                           "the forward", dtype_help="working precision of the forward (default: the checkpoint's own dtype)")
-    p.set_defaults(run=run, checkpoints=("models",))
+    p.set_defaults(run=run, checkpoints=("models",), spreads=lambda args: registry.get(args.method).validates)
 
 
 def load_data(args, matcher, opts):
@@ -92,10 +93,13 @@ def run(args) -> int:
     from ..simplex import check_weights
 
     check_weights(weights, len(args.models))  # before the data is read
-    data = load_data(args, matcher, opts)
+    group = distributed.init(args.device) if matcher.validates else distributed.current()  # torchrun: learned/dual
+    data = group.agree(lambda: load_data(args, matcher, opts))
     rep = merge_models(args.models, args.out, weights, args.method, families, args.aligned,
                        args.force, opts, progress=True, dtype=out_dtype.resolve(args), data=data, place=place,
-                       data_name=args.data)
+                       data_name=args.data, resume=args.resume)
+    if rep is None:  # not the first of several processes: it writes
+        return 0
     if args.json:
         write(args.json, "merge", rep)
     h = rep["objective"]

@@ -2,8 +2,8 @@
 learning on past the plan, checkpoints and resume (see `learned.py` for the method and `learn_state.py`
 for the files).
 
-Learning on (`LearnConfig.extend` > 1): a run whose best state is its last evaluation, below the one
-before by more than `FLAT` nats, was still improving when its cosine schedule ended. It then learns one
+Learning on (`LearnConfig.extend` > 1): a run whose best state is its last evaluation, its value (the
+barrier, or the many-model objective) below the one before by more than `FLAT` nats, was still improving when its cosine schedule ended. It then learns one
 more chunk (a quarter of the planned steps, whole evaluation intervals) on a cosine cycle of its own
 from half the planned rate, and again after each chunk that ends the same way, while the steps stay
 within `extend` times the planned ones. The best state is kept as always, so learning on never makes the
@@ -27,8 +27,6 @@ from dataclasses import dataclass
 import torch
 
 from .. import SymmergeError, distributed
-from ..barrier import above_line, highest_excess, line_barrier
-from ..evaluate import grid
 from ..progress import tqdm
 from .learn_config import FLAT
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
@@ -41,46 +39,8 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclass
 class Result:
-    elements: dict[str, dict[str, torch.Tensor]]  # side ("A" or "B") -> full element for that input
+    elements: dict | list  # pair: side ("A" or "B") -> full element for that input; many: one per model
     report: dict
-
-
-def _step_randomness(seed: int, step: int, n_batches: int, lam_range) -> tuple[int, float]:
-    """Batch index and lambda of one step, from (seed, step) alone: an epoch-wise shuffle and a uniform lambda."""
-    epoch, pos = divmod(step, n_batches)
-    order = torch.randperm(n_batches, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    u = float(torch.rand((), generator=torch.Generator().manual_seed(seed * 7_919 + 104_729 * step + 1), dtype=torch.float64))
-    lo, hi = lam_range
-    return int(order[pos]), lo + (hi - lo) * u
-
-
-def _peak_uniforms(seed: int, step: int) -> list[float]:
-    """Three more uniforms of one step for `peak_lambda`, from (seed, step) alone."""
-    g = torch.Generator().manual_seed(seed * 7_919 + 104_729 * step + 2)
-    return torch.rand(3, generator=g, dtype=torch.float64).tolist()
-
-
-def peak_lambda(lams: list[float], losses: list, lam_range, u: list[float]) -> float:
-    """A lambda that weights the highest part of the path, from three uniforms `u`.
-
-    Half the draws (u[0] < 1/2) are uniform over `lam_range`, which keeps every lambda trained. The
-    other half pick a grid point inside the range with probability softmax(excess / tau), excess being
-    the validation loss above the straight line between the endpoint losses and tau a quarter of the
-    excess's spread (the highest point is e^4 times as likely as the lowest), then move uniformly
-    within half a grid spacing of it (clipped to the range). Uniform when the curve is not finite or
-    no interior grid point lies inside the range.
-    """
-    lo, hi = lam_range
-    uniform = lo + (hi - lo) * u[1]
-    inside = [i for i, lam in enumerate(lams) if 0 < lam < 1 and lo <= lam <= hi]
-    if u[0] < 0.5 or not inside or any(x is None or not math.isfinite(x) for x in losses):
-        return uniform
-    excess = torch.tensor(above_line(lams, losses), dtype=torch.float64)[inside]
-    tau = max(float(excess.max() - excess.min()) / 4, 1e-6)
-    cdf = torch.cumsum(torch.softmax(excess / tau, 0), 0)
-    k = min(int(torch.searchsorted(cdf, torch.tensor(u[1], dtype=torch.float64))), len(inside) - 1)
-    half = 0.5 / (len(lams) - 1)
-    return min(max(lams[inside[k]] + (2 * u[2] - 1) * half, lo), hi)
 
 
 def _cosine_lr(lr: float, step: int, total: int) -> float:
@@ -125,8 +85,8 @@ class Run:
         self.cfg = learner.cfg
         self.names = list(learner.trainables())
         self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
-        self.lams = grid(self.cfg.grid_points)
-        self.meta = {"step": 0, "history": [], "best_step": 0, "best_barrier": None, "bad_evals": 0,
+        self.objective = learner.objective(self.cfg)
+        self.meta = {"step": 0, "history": [], "best_step": 0, "bad_evals": 0,
                      "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None,
                      "total": self.cfg.steps, "extended": 0}
 
@@ -135,18 +95,22 @@ class Run:
         out = {f"param.{k}": v for k, v in self.learner.trainables().items()}
         out.update({f"best.{k}": v for k, v in self.best.items()})
         out.update({f"fixed.{s.key}.{k}": v for s in self.learner.slots for k, v in s.fixed.items()})
-        out.update({f"init.{k}": v for k, v in self.learner.init.items()})
+        out.update({f"init.{k}": v for k, v in self.learner.start_tensors().items()})
         out.update(adam_tensors(self.opt, self.names))
         return out
 
     def save(self) -> None:
         if self.ckpt is not None and self.group.main:
-            save_state(self.ckpt, self.tensors(), {**self.meta, "settings": self.cfg.settings()})
+            save_state(self.ckpt, self.tensors(), {**self.meta, "settings": self.settings()})
+
+    def settings(self) -> dict:
+        """What must be equal to resume: the configuration's and the objective's settings."""
+        return {**self.cfg.settings(), **self.objective.settings()}
 
     def load(self) -> None:
         tensors, meta = load_state(self.ckpt)
-        check_settings(meta["settings"], self.cfg.settings(), self.ckpt)
-        for k, v in self.learner.init.items():
+        check_settings(meta["settings"], self.settings(), self.ckpt)
+        for k, v in self.learner.start_tensors().items():
             if not torch.equal(tensors[f"init.{k}"], v):
                 raise SymmergeError(f"the checkpoint in {self.ckpt} started from a different initial element; "
                                     "resume with the same --init or start a new run")
@@ -162,18 +126,15 @@ class Run:
 
     # --- evaluation ---
     def evaluate(self, step: int) -> None:
-        m = self.meta
+        m, obj = self.meta, self.objective
         if m["endpoint_losses"] is None:  # the endpoints compute their inputs' functions: fixed for the run
-            ends = self.group.curve(self.learner, self.val, [0.0, 1.0])
-            m["endpoint_losses"] = ends
-        inner = self.group.curve(self.learner, self.val, self.lams[1:-1])
-        losses = [m["endpoint_losses"][0], *inner, m["endpoint_losses"][1]]
-        b = line_barrier(self.lams, losses)
-        finite = math.isfinite(b)  # NaN is written as null (strict JSON) and is never the best
-        m["history"].append({"step": step, "barrier": b if finite else None,
-                             "losses": [x if math.isfinite(x) else None for x in losses]})
-        if finite and (m["best_barrier"] is None or highest_excess(self.lams, losses) < self._best_excess()):
-            m["best_barrier"], m["best_step"], m["bad_evals"] = b, step, 0
+            m["endpoint_losses"] = self.group.curve(self.learner, self.val, obj.ends)
+        entry = {"step": step, **obj.entry(m["endpoint_losses"], self.group.curve(self.learner, self.val, obj.inner))}
+        best = next((h for h in m["history"] if h["step"] == m["best_step"]), None)
+        score, best_score = obj.score(entry), None if best is None else obj.score(best)
+        m["history"].append(entry)  # a figure that is not finite is written as null and is never the best
+        if score is not None and (best_score is None or score < best_score):  # the first of equals stays
+            m["best_step"], m["bad_evals"] = step, 0
             self.best = {k: v.detach().clone() for k, v in self.learner.trainables().items()}
         else:
             m["bad_evals"] += 1
@@ -189,31 +150,23 @@ class Run:
         chunk = extension_chunk(cfg.steps, cfg.eval_every)
         if cfg.extend <= 1 or m["diverged"] or len(h) < 2 or m["best_step"] != h[-1]["step"]:
             return False
-        fell = h[-2]["barrier"] is not None and h[-2]["barrier"] - h[-1]["barrier"] > FLAT
+        last, before = self.objective.value(h[-1]), self.objective.value(h[-2])
+        fell = last is not None and before is not None and before - last > FLAT
         if not fell or m["total"] + chunk > math.floor(cfg.extend * cfg.steps):
             return False
         m["total"] += chunk
         m["extended"] += chunk
         return True
 
-    def _best_excess(self) -> float:
-        """The best state's highest excess over the line. The best state is the one of lowest barrier;
-        among paths at or below the line (barrier 0) the one whose highest point stands lowest."""
-        losses = next(h["losses"] for h in self.meta["history"] if h["step"] == self.meta["best_step"])
-        return highest_excess(self.lams, losses)
-
     def train_step(self, step: int, stop: bool = False) -> float:
         """One optimiser step; several processes take their rows of the batch and sum their gradients
         (and `stop`, Ctrl-C's flag: `self.stop` says whether any process had it set)."""
-        idx, lam = _step_randomness(self.cfg.seed, step, len(self.train), self.cfg.lam_range)
-        if self.cfg.lam_sampling == "peak":  # the last validation curve: restored on resume, so still exact
-            lam = peak_lambda(self.lams, self.meta["history"][-1]["losses"], self.cfg.lam_range,
-                              _peak_uniforms(self.cfg.seed, step))
+        idx, mix = self.objective.draw(step, len(self.train), self.meta["history"])
         for pg in self.opt.param_groups:
             pg["lr"] = scheduled_lr(self.cfg.lr, step, self.cfg.steps, extension_chunk(self.cfg.steps, self.cfg.eval_every))
         self.opt.zero_grad(set_to_none=True)
         batch = self.train[idx]
-        loss = self.learner.loss(self.group.local(batch), lam)
+        loss = self.learner.loss(self.group.local(batch), mix)
         if self.group.world > 1:
             loss = loss * self.group.share(batch)
         loss.backward()
@@ -234,7 +187,7 @@ class Run:
             self.evaluate(0)
         m, cfg = self.meta, self.cfg
         bar = tqdm(total=cfg.steps, initial=m["step"], disable=not (cfg.progress and self.group.main),
-                   desc=f"{cfg.method} matching")
+                   desc=f"{cfg.method} {self.objective.task}")
         t0 = time.perf_counter()
         with _StopFlag() as stop:
             while not m["done"] and not m["stopped_early"] and (m["step"] < m["total"] or self._learn_on()):
@@ -249,7 +202,7 @@ class Run:
                 bar.update(1)
                 if m["step"] % cfg.eval_every == 0 or m["step"] == m["total"]:
                     self.evaluate(m["step"])
-                bar.set_postfix(loss=f"{loss:.4f}", barrier=str(m["history"][-1]["barrier"])[:6])
+                bar.set_postfix(loss=f"{loss:.4f}", validation=str(self.objective.value(m["history"][-1]))[:6])
                 m["time_s"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 if self.stop or (self.on_step is not None and self.on_step(m["step"])):
@@ -272,10 +225,8 @@ class Run:
         report = {
             "method": self.cfg.method, "steps": m["step"], "planned_steps": self.cfg.steps,
             "extended_steps": m["extended"], "time_s": round(m["time_s"], 3),
-            "barrier_before": m["history"][0]["barrier"], "barrier_after": m["best_barrier"],
+            **self.objective.report(m["history"], m["best_step"], m["endpoint_losses"]),
             "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
-            "lambdas": self.lams, "losses_before": m["history"][0]["losses"],
-            "losses_after": next(h["losses"] for h in m["history"] if h["step"] == m["best_step"]),
             "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in learner.slots},
             "fixed_groups": learner.fixed_groups, "settings": self.cfg.settings(), "history": m["history"],
         }

@@ -23,25 +23,27 @@ Validation: the excess L(sum_i a_i X_i) - sum_i a_i L_i on the validation batche
 and at `val_points` seeded Dirichlet points (the endpoint losses L_i are fixed: each X_i computes its
 input's function). The validation objective is the largest excess (not floored at 0); the state with
 the lowest is kept (step 0 included, so the result is never worse on it than the start).
+
+The loop is the pair's (`learn_loop.Run` with `objectives.SimplexObjective`): checkpoints, resume, the
+Ctrl-C checkpoint, several processes under torchrun and learning on past the plan are the same.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
-from .. import SymmergeError
+from .. import SymmergeError, distributed
 from .. import groups as G
 from ..apply import StraightThrough, apply
 from ..elements import compose, identity_element
-from ..progress import tqdm
 from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, Frozen, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
+from .learn_loop import Result, Run
 from .learner import Slot, eps_scale, lap, prepare, select
+from .objectives import SimplexObjective
 from .parametrize import learnable, parametrization, resolve_methods, straight_through
 
 #: the model whose element is fixed (the gauge), 0-based
@@ -51,19 +53,6 @@ REFERENCE = 0
 def gauge_note(n: int) -> str:
     return (f"reference: model {REFERENCE + 1} of {n} keeps its weight-matching element and learns nothing "
             "(a common element of all models leaves the loss unchanged)")
-
-
-def dirichlet_point(n: int, gen: torch.Generator) -> list[float]:
-    """One point drawn uniformly on the simplex of `n` vertices."""
-    e = -torch.log(torch.rand(n, generator=gen, dtype=torch.float64).clamp_min(1e-300))
-    return (e / e.sum()).tolist()
-
-
-def step_randomness(seed: int, step: int, n_batches: int, n: int) -> tuple[int, list[float]]:
-    """The batch index and the simplex point of one step, from (seed, step) alone."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    idx = int(torch.randint(n_batches, (), generator=gen))
-    return idx, dirichlet_point(n, gen)
 
 
 def _check_member(spec: Spec, g: dict, what: str) -> None:
@@ -81,9 +70,11 @@ class ManyLearner:
     one at a time on the mixture's weights materialised in `cfg.dtype` (`blockwise.BlockwiseForward`, as
     pairwise learning does): memory holds the n frozen models and one block's worth more, whatever the depth."""
 
-    def __init__(self, models: list, cfg: LearnConfig, init: list[dict] | None = None):
+    def __init__(self, models: list, cfg: LearnConfig, init: list[dict] | None = None,
+                 weights: list[float] | None = None, val_points: int = 4):
         cfg.validate()
         self.n, self.cfg = len(models), cfg
+        self.weights, self.val_points = list(weights or [1 / len(models)] * len(models)), val_points
         self.spec = models[0].spec.restricted(cfg.groups)
         ident = identity_element(self.spec)
         self.identity = ident
@@ -100,7 +91,7 @@ class ManyLearner:
         self.methods = resolve_methods({g: self.spec.groups[g] for g in cont}, cfg.param)
         self.base = [ident] * self.n if self.dual else self.init
         self.learned = [i for i in range(self.n) if i != REFERENCE]
-        self.slots = {i: self._slots(i, cont, ste) for i in self.learned}
+        self.slots = [s for i in self.learned for s in self._slots(i, cont, ste)]
         device = torch.device(cfg.device)
         self.frozen = [Frozen(m, device, (lambda part, g=g: apply(self.spec, g, part)) if self.dual else None, keys=())
                        for g, m in zip(self.init, models)]
@@ -125,13 +116,21 @@ class ManyLearner:
                 t.requires_grad_(True)
         return slots
 
+    def objective(self, cfg: LearnConfig) -> SimplexObjective:
+        """What the loop draws and validates for this learner under `cfg`: the simplex of the models."""
+        return SimplexObjective(cfg, self.weights, self.val_points)
+
+    def start_tensors(self) -> dict[str, torch.Tensor]:
+        """The starting elements, which a checkpoint must have started from to be resumed."""
+        return {f"{i}.{k}": t for i, g in enumerate(self.init) for k, t in g.items()}
+
     def trainables(self) -> dict[str, torch.Tensor]:
-        return {f"{s.key}.{k}": t for i in self.learned for s in self.slots[i] for k, t in sorted(s.raw.items())}
+        return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
 
     def element(self, i: int, hard: bool) -> dict:
         """Model i's element on top of its base (straight-through permutations unless `hard`)."""
         g = dict(self.base[i])
-        for s in self.slots.get(i, []):
+        for s in (s for s in self.slots if s.side == str(i)):
             grp = self.spec.groups[s.group]
             if s.param is None:
                 p = lap(s.raw["latent"])
@@ -168,7 +167,7 @@ class ManyLearner:
         return self.forward.loss(self.mix(alpha, hard=False), batch)
 
     @torch.no_grad()
-    def losses(self, batches: list[dict], points: list[list[float]]) -> list[float]:
+    def curve(self, batches: list[dict], points: list[list[float]]) -> list[float]:
         out = []
         for a in points:
             part = self.mix(a, hard=True)
@@ -186,68 +185,25 @@ class ManyLearner:
         return out
 
 
-@dataclass
-class ManyLearnResult:
-    elements: list[dict[str, torch.Tensor]]
-    report: dict
-
-
-def _excess(losses: list[float], ends: list[float], points: list[list[float]]) -> list[float]:
-    return [loss - math.fsum(a * e for a, e in zip(alpha, ends)) for loss, alpha in zip(losses, points)]
-
-
 def learn_many(models: list, weights: list[float], train: list[dict], val: list[dict], cfg: LearnConfig,
-               init: list[dict] | None = None, val_points: int = 4) -> ManyLearnResult:
-    """Run learned or dual matching of many models (module docstring); the elements and a JSON-able report."""
-    from ..simplex import dirichlet
-
+               init: list[dict] | None = None, val_points: int = 4, checkpoint=None, resume: bool = False,
+               on_step=None) -> Result:
+    """Run learned or dual matching of many models (module docstring): the elements (one per model) and a
+    JSON-able report. `cfg`'s length is made concrete here (`steps`, or `epochs` over `train`; evaluations
+    every `eval_every`, or `evaluations` in the run); its rate must be a number. checkpoint: folder for
+    the run's state; resume: continue from it; on_step(step) -> True stops the run like Ctrl-C."""
     if not train or not val:
         raise SymmergeError(f"{cfg.method} merging needs training and validation batches (--data)")
-    learner = ManyLearner(models, cfg, init)
-    n = learner.n
-    vertices = [[float(j == i) for j in range(n)] for i in range(n)]
-    points = [list(weights), *dirichlet(n, val_points, cfg.seed + 1)]
-    ends = learner.losses(val, vertices)
-    params = learner.trainables()
-    opt = torch.optim.Adam(list(params.values()), lr=cfg.lr)
-    history, best, best_value, best_step, diverged = [], None, None, 0, False
-
-    def evaluate(step: int) -> None:
-        nonlocal best, best_value, best_step
-        exc = _excess(learner.losses(val, points), ends, points)
-        value = max(exc)
-        history.append({"step": step, "objective": value if math.isfinite(value) else None, "excess": exc})
-        if math.isfinite(value) and (best_value is None or value < best_value):
-            best_value, best_step = value, step
-            best = {k: v.detach().clone() for k, v in params.items()}
-
-    start = time.perf_counter()
-    evaluate(0)
-    step = 0
-    for step in tqdm(range(1, cfg.steps + 1), desc=f"{cfg.method} merging", disable=not cfg.progress):
-        idx, alpha = step_randomness(cfg.seed, step - 1, len(train), n)
-        for pg in opt.param_groups:
-            pg["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / max(cfg.steps, 1)))
-        opt.zero_grad(set_to_none=True)
-        loss = learner.loss(train[idx], alpha)
-        if not torch.isfinite(loss):  # keep the best state rather than step into NaN
-            diverged = True
-            break
-        loss.backward()
-        opt.step()
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            evaluate(step)
-    with torch.no_grad():
-        for k, t in params.items():
-            t.copy_(best[k])
-    report = {
-        "method": cfg.method, "gauge": gauge_note(n), "steps": step if cfg.steps else 0,
-        "time_s": round(time.perf_counter() - start, 3), "validation_objective":
-        "largest excess L(sum_i a_i X_i) - sum_i a_i L_i over the merge weights and the validation Dirichlet points",
-        "validation_points": points, "validation_endpoint_losses": ends,
-        "objective_before": history[0]["objective"], "objective_after": best_value, "best_step": best_step,
-        "diverged": diverged, "parameterisation": {s.group: (s.param.method if s.param else "straight-through")
-                                                   for s in learner.slots.get(1, [])},
-        "fixed_groups": learner.fixed_groups, "settings": cfg.settings(), "history": history,
-    }
-    return ManyLearnResult(learner.final_elements(), report)
+    if cfg.lr == "auto":
+        raise SymmergeError(f"{cfg.method} merging of many models takes a fixed rate: give --lr RATE (the search of "
+                            "--lr auto is built for pairs)")
+    steps = cfg.run_steps(len(train))
+    cfg = replace(cfg, steps=steps, epochs=None, eval_every=cfg.run_eval_every(steps))
+    group = distributed.current()
+    group.agree(lambda: group.check_data(train, val))
+    if init is not None:
+        init = [group.broadcast(g) for g in init]
+    learner = ManyLearner(models, cfg, init, weights, val_points)
+    result = Run(learner, train, val, checkpoint, on_step).go(resume)
+    result.report["gauge"] = gauge_note(learner.n)
+    return result

@@ -23,7 +23,7 @@ Loss: the stock HF loss of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), ru
 `dtype` inside the forward and recomputed in the backward; the same figures as `evaluate.StockForward`
 on the whole state dict, tested), a fresh
 lam per step (`lam_sampling="peak"`: half the steps take lam near the grid points where the last
-validation curve stands highest above the straight line, see `learn_loop.peak_lambda`).
+validation curve stands highest above the straight line, see `objectives.peak_lambda`).
 "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity, where every
 parameterisation is best conditioned); "absolute" learns g itself from `from_element(g0)`.
 

@@ -19,6 +19,7 @@ from ..model import part_keys, part_of
 from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
+from .objectives import PathObjective
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 from .sharded import frozen
 
@@ -180,6 +181,14 @@ class Learner:
         return slots
 
     # --- elements and loss ---------------------------------------------------------------------------
+
+    def objective(self, cfg: LearnConfig) -> PathObjective:
+        """What the loop draws and validates for this learner under `cfg`: the path from A to B."""
+        return PathObjective(cfg)
+
+    def start_tensors(self) -> dict[str, torch.Tensor]:
+        """The starting element, which a checkpoint must have started from to be resumed."""
+        return self.init
 
     def trainables(self) -> dict[str, torch.Tensor]:
         return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}

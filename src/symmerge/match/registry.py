@@ -148,7 +148,7 @@ OPTIONS = {o.name: o for o in (
     Option("eval_every", FromRecipe("eval_every"), f"steps between validation barriers (none: {EVALUATIONS} in the run)",
            at_least(1)),
     Option("extend", FromRecipe("extend"), "while the last evaluation is the best, learn on by quarters of the run "
-           "up to this multiple of its steps (1: never; --steps/--epochs alone: 1; pairs only)",
+           "up to this multiple of its steps (1: never; --steps/--epochs alone: 1)",
            argument_type(parse_extend)),
     Option("patience", _learn_default("patience"), "stop after this many evaluations without improvement "
            "(0: never)", at_least(0)),
@@ -299,13 +299,14 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
 
 
 def _run_learned_many(method: str, sources, weights, families, data, opts, start=None,
-                      progress: bool = False, device: str = "cpu", dtype: str = "float32") -> ManyAlignment:
+                      progress: bool = False, device: str = "cpu", dtype: str = "float32", checkpoint=None,
+                      resume: bool = False) -> ManyAlignment:
     from .learn_many import learn_many
 
     cfg = learn_config(method, families, opts, progress, device, dtype)
     # the sources as they are (LazyModels: read part by part into frozen stores, never whole)
     res = learn_many(list(sources), weights, data.train, data.val, cfg, init=start.elements,
-                     val_points=opts["val_simplex_points"])
+                     val_points=opts["val_simplex_points"], checkpoint=checkpoint, resume=resume)
     figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
                "converged": start.figures["converged"], "round_tol": start.figures["round_tol"],
                "seconds": start.figures["seconds"] + res.report["time_s"], "weight_matching": start.figures}

@@ -1,0 +1,113 @@
+"""Many-model learned / dual merging runs the pair's loop (`learn_loop.Run`): a run stopped and resumed from its
+checkpoint equals an uninterrupted one to the bit, from the library and from `merge --resume`; the resumed run
+refuses other settings; the best-state rule and learning on are the loop's (tested with pairs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from factories import lm_batches, make_model, save_model
+from learned_common import CONTINUOUS
+from symmerge import SymmergeError, cli
+from symmerge.apply import apply
+from symmerge.elements import random_element
+from symmerge.match import learn_loop
+from symmerge.match.learn_config import LearnConfig
+from symmerge.match.learn_loop import Interrupted
+from symmerge.match.learn_many import learn_many
+from symmerge.match.outputs import checkpoint_folder
+from symmerge.model import load_model
+from symmerge.tokenizers import char_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
+
+CHARS = "".join(chr(c) for c in range(65, 125))  # 60 characters: with <unk>, the tiny GPT-2s' 61 tokens
+
+
+def _three(tmp_path):
+    a = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
+    return [a] + [dataclasses.replace(a, params=apply(a.spec, random_element(
+        a.spec, torch.Generator().manual_seed(s), CONTINUOUS, spread=1.0), a.params)) for s in (5, 6)]
+
+
+def _cfg(**kw) -> LearnConfig:
+    base = dict(method="dual", groups=CONTINUOUS, steps=6, lr=0.02, eval_every=2, progress=False, extend=1.0,
+                checkpoint_every=100)
+    return LearnConfig(**{**base, **kw})
+
+
+def test_many_model_resume_equals_uninterrupted(tmp_path):
+    models, weights = _three(tmp_path), [0.5, 0.3, 0.2]
+    train, val = lm_batches(3, 0), lm_batches(2, 1)
+    whole = learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "whole")
+    with pytest.raises(Interrupted, match="--resume"):
+        learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "cut", on_step=lambda s: s == 3)
+    resumed = learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "cut", resume=True)
+    for i, g in enumerate(whole.elements):
+        for k, t in g.items():
+            assert torch.equal(t, resumed.elements[i][k]), (i, k)
+    assert whole.report["history"] == resumed.report["history"] and whole.report["steps"] == 6
+    assert whole.report["objective_after"] == min(h["objective"] for h in whole.report["history"])
+    # negative control: another seed draws other batches and points
+    other = learn_many(models, weights, train, val, _cfg(seed=4))
+    assert not torch.equal(other.elements[1]["residual.rotation"], whole.elements[1]["residual.rotation"])
+    with pytest.raises(SymmergeError, match="merge_weights"):
+        learn_many(models, [0.4, 0.4, 0.2], train, val, _cfg(), checkpoint=tmp_path / "cut", resume=True)
+    with pytest.raises(SymmergeError, match="lr=0.02"):
+        learn_many(models, weights, train, val, _cfg(lr=0.03), checkpoint=tmp_path / "cut", resume=True)
+
+
+def test_many_model_learning_refuses_what_belongs_to_pairs(tmp_path):
+    models = _three(tmp_path)
+    with pytest.raises(SymmergeError, match="--lr RATE"):
+        learn_many(models, [1 / 3] * 3, lm_batches(2, 0), lm_batches(1, 1), _cfg(lr="auto"))
+    with pytest.raises(SymmergeError, match="lam-sampling peak is for pairs"):
+        learn_many(models, [1 / 3] * 3, lm_batches(2, 0), lm_batches(1, 1), _cfg(lam_sampling="peak"))
+
+
+@pytest.fixture
+def folders(tmp_path):
+    tok = char_tokenizer(CHARS)
+    paths = [save_model(make_model("gpt2", s), tmp_path / f"m{s}") for s in range(3)]
+    for p in paths:
+        tok.save_pretrained(p)
+    ids = torch.randint(0, len(CHARS), (6000,), generator=torch.Generator().manual_seed(0))
+    (tmp_path / "text.txt").write_text("".join(CHARS[i] for i in ids))
+    return paths
+
+
+def _merge(paths, out, *extra) -> list[str]:
+    return ["merge", *map(str, paths), "-o", str(out), "--method", "dual", "--data", str(paths[0].parent / "text.txt"),
+            "--steps", "4", "--eval-every", "2", "--lr", "0.05", "--batch-size", "4", "--max-batches", "3",
+            "--val-batches", "2", *extra]
+
+
+def test_merge_resume_continues_a_stopped_run_exactly(folders, tmp_path, monkeypatch, capsys):
+    """`merge --method dual` stopped at step 3 (as Ctrl-C stops it) leaves its state in OUT.learn-state and no OUT;
+    rerun without --resume it refuses to start over; with --resume it writes what an uninterrupted run writes."""
+    assert cli.main(_merge(folders, tmp_path / "whole")) == 0
+    real = learn_loop.Run.__init__
+
+    def stopping(self, learner, train, val, checkpoint, on_step):
+        real(self, learner, train, val, checkpoint, lambda step: step == 3)
+
+    monkeypatch.setattr(learn_loop.Run, "__init__", stopping)
+    assert cli.main(_merge(folders, tmp_path / "cut")) == 130
+    monkeypatch.undo()
+    assert checkpoint_folder(tmp_path / "cut").is_dir() and not (tmp_path / "cut").exists()
+    capsys.readouterr()
+    assert cli.main(_merge(folders, tmp_path / "cut")) == 2 and "--resume" in capsys.readouterr().err
+    assert cli.main(_merge(folders, tmp_path / "cut", "--resume")) == 0
+    whole, cut = (load_file(str(tmp_path / n / "model.safetensors")) for n in ("whole", "cut"))
+    assert all(torch.equal(whole[k], cut[k]) for k in whole)
+    assert not checkpoint_folder(tmp_path / "cut").exists()  # the run is done
+    # negative control: another learning seed writes another merge
+    assert cli.main(_merge(folders, tmp_path / "seed", "--seed", "5")) == 0
+    other = load_file(str(tmp_path / "seed" / "model.safetensors"))
+    assert any(not torch.equal(whole[k], other[k]) for k in whole)
+    assert cli.main(["merge", *map(str, folders), "-o", str(tmp_path / "w"), "--resume"]) == 2
+    assert "keeps no run to resume" in capsys.readouterr().err
