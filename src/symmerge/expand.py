@@ -25,8 +25,8 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
   scaled alike. A wider head would change the mean the norm takes and the
   score scale behind it: refused. Post-norm models (OLMo-2) expand only their FFN width.
 
-What cannot be expanded is refused in `plan` with the reason (see the README's "Expanding a narrow
-model" for the list).
+What cannot be expanded is refused in `plan` with the reason (the list: docs/guides/widths.md,
+"What cannot be expanded").
 """
 
 from __future__ import annotations

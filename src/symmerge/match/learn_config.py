@@ -11,7 +11,7 @@ Recipes (`RECIPES`, `align --recipe`), each a full set of defaults that explicit
   the validation barrier (`VAL_SE`: as many batches as that needs, all given ones at most), and the
   learning rate chosen for the pair by a short search on the validation split (`lr="auto"`,
   `lr_search.py`). These are the settings that took dual matching to zero on the MNIST ViT pair
-  (benchmarks/README.md, sixth session), with the data, steps and rate made relative to the pair.
+  (benchmarks/README.md, "The reproduction table", 8000 steps), with the data, steps and rate made relative to the pair.
 - `quick`: a smoke test (200 steps on 8 batches of 8, λ ~ U(0.4, 0.6), 5 grid points, the method's
   fixed learning rate): what `align --method learned|dual` did before it had a recipe.
 """
