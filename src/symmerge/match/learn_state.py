@@ -10,32 +10,25 @@ run takes the same batches and the same lambdas as an uninterrupted one, bit for
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from .. import SymmergeError
+from ..atomic import write_file
 
 FORMAT = 1
 TENSORS, META = "state.safetensors", "state.json"
 
 
 def save_state(folder, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Write both files atomically (temporary names, then rename; the JSON last marks completion)."""
+    """Write both files atomically (`atomic.write_file`; the JSON last marks completion)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     blob = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
-    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".safetensors", dir=folder)
-    os.close(fd)
-    save_file(blob, tmp)
-    os.replace(tmp, folder / TENSORS)
-    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"format": FORMAT, **meta}, f, indent=1)
-    os.replace(tmp, folder / META)
+    write_file(folder / TENSORS, lambda tmp: save_file(blob, str(tmp)))
+    write_file(folder / META, lambda tmp: tmp.write_text(json.dumps({"format": FORMAT, **meta}, indent=1)))
 
 
 def load_state(folder) -> tuple[dict[str, torch.Tensor], dict]:
@@ -85,10 +78,7 @@ def save_plan(folder, plan: dict) -> None:
     written before the first step so that a resumed run reuses it instead of searching again."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        json.dump(plan, f, indent=1)
-    os.replace(tmp, folder / PLAN)
+    write_file(folder / PLAN, lambda tmp: tmp.write_text(json.dumps(plan, indent=1)))
 
 
 def load_plan(folder) -> dict | None:
