@@ -94,8 +94,7 @@ class Spec:
         every family but the residual scale.
 
         Weight matching's best scale for B's writers shrinks towards 0 when the two models' writers are
-        weakly correlated (0.24 on the demo's ViT pair), and the shrunk endpoint raises the barrier
-        (0.244 -> 0.504 there: `benchmarks/readme_figures.py --figures demo-scale`); learned, the scale
+        weakly correlated, and the shrunk endpoint raises the barrier; learned, the scale
         lets the interpolation collapse onto one endpoint (the midpoint of A and c·B computes B's
         function as c grows, by scale invariance), which lowers the measured barrier without merging
         anything. Name it (`--groups all`) to undo a planted scale in `align`; `merge` undoes one without it,
