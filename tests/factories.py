@@ -50,6 +50,12 @@ def _configs() -> dict:
                                            num_key_value_heads=2, intermediate_size=24, num_local_experts=4,
                                            num_experts_per_tok=2, vocab_size=61, max_position_embeddings=32,
                                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # Phi-3: fused qkv_proj and gate_up_proj, half of each head rotary, GQA, a sliding window of 5 tokens
+        "phi3": lambda: T.Phi3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5},
+                                     sliding_window=5, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -71,7 +77,7 @@ def make_config(arch: str):
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
-                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

@@ -170,7 +170,7 @@ def test_layernorm_rotation_must_fix_ones(arch, loaded, references):
     assert _changed(model, model.spec, g, arch, references) > 100
 
 
-@pytest.mark.parametrize("arch", ["gpt_neox", "gpt_neox_seq", "llama", "mistral", "qwen2", "qwen3", "olmo"])
+@pytest.mark.parametrize("arch", ["gpt_neox", "gpt_neox_seq", "llama", "mistral", "qwen2", "qwen3", "olmo", "phi3"])
 def test_qk_map_must_commute_with_rope(arch, loaded, references):
     model = loaded[arch]
     name = "blocks.0.qk"
@@ -182,7 +182,7 @@ def test_qk_map_must_commute_with_rope(arch, loaded, references):
     assert _changed(model, model.spec, g, arch, references) > 100
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "mistral", "qwen3", "vit"])
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "mistral", "qwen3", "phi3", "vit"])
 def test_residual_scale_needs_the_eps_update(arch, loaded, references):
     model = loaded[arch]
     spec = dataclasses.replace(model.spec, actions={**model.spec.actions, "norm.eps": []})

@@ -10,11 +10,13 @@ from .llama import LlamaAdapter
 from .mixtral import MixtralAdapter
 from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter
+from .phi3 import Phi3Adapter
 from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Qwen3Adapter(), ViTAdapter()):
+for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Phi3Adapter(),
+           Qwen3Adapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 

@@ -140,7 +140,8 @@ class Adapter:
     def rotary_frequencies(self, config, s: ModelShape) -> tuple[torch.Tensor, float] | None:
         """(inverse frequencies [rotary_dims/2], cos/sin scaling) exactly as the stock forward computes them
         (float32, from the class's own rotary module), or None without RoPE. Refused for RoPE types that
-        change their frequencies with the sequence length (dynamic, longrope): no fixed values to match."""
+        change their frequencies with the sequence length (dynamic, longrope: Phi-3's su and yarn): no fixed
+        values to match. The group does not need them: it holds for any frequencies on the same pairs."""
         if not s.rotary_dims:
             return None
         import sys
@@ -148,7 +149,8 @@ class Adapter:
         rope = getattr(config, "rope_parameters", None) or {}
         kind = rope.get("rope_type", "default")
         require("dynamic" not in kind and kind != "longrope",
-                f"rope_type {kind!r} changes its frequencies with the sequence length; they cannot be matched")
+                f"rope_type {kind!r} changes its frequencies with the sequence length: no fixed frequencies to place "
+                "rotary pairs by (aligning and merging are unaffected: a QK map commutes with every rotation of a pair)")
         module = sys.modules[_hf_class(s.hf_class).__module__]
         rotary = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding")]
         require(len(rotary) == 1, f"internal: {module.__name__} has {len(rotary)} rotary embedding classes")
