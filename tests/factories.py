@@ -56,6 +56,18 @@ def _configs() -> dict:
                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                       "partial_rotary_factor": 0.5},
                                      sliding_window=5, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # OLMoE: 4 experts (top 2, weights not renormalised), QK-norm over the whole projection, GQA, a large eps
+        "olmoe": lambda: T.OlmoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=24, num_experts=4, num_experts_per_tok=2, vocab_size=61,
+                                       max_position_embeddings=32, rms_norm_eps=1e-2, tie_word_embeddings=False,
+                                       bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # Qwen3-MoE: 4 experts (top 2, renormalised) of width 24, QK-norm per head, GQA, head_dim 12, tied
+        "qwen3_moe": lambda: T.Qwen3MoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=2, head_dim=12, intermediate_size=40,
+                                              moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                                              norm_topk_prob=True, vocab_size=61, max_position_embeddings=32,
+                                              rms_norm_eps=1e-2, tie_word_embeddings=True, bos_token_id=0,
+                                              eos_token_id=0, pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -68,7 +80,7 @@ def _configs() -> dict:
 
 ARCHS = tuple(_configs())
 # mixtures of experts: no one FFN hidden vector per layer, so activation matching refuses them
-EXPERTS = frozenset(a for a, make in _configs().items() if getattr(make(), "num_local_experts", 0))
+EXPERTS = frozenset(a for a, make in _configs().items() if getattr(make(), "num_experts_per_tok", 0))
 CLASSES = {"vit": T.ViTForImageClassification}
 
 
@@ -78,6 +90,7 @@ def make_config(arch: str):
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
+                             "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 
@@ -118,7 +131,7 @@ def example_inputs(arch: str, seed: int = 0, batch: int = 2) -> dict:
 def runnable(model):
     """`model`, set to run its experts (a mixture of experts) by the eager loop where its dtype is one the default
     kernel (grouped_mm: float32/16 only) cannot multiply, as `symmerge.model.runs_in` does."""
-    if hasattr(model.config, "num_local_experts") and next(model.parameters()).dtype == torch.float64:
+    if model._can_set_experts_implementation() and next(model.parameters()).dtype == torch.float64:
         model.set_experts_implementation("eager")
     return model
 

@@ -1,8 +1,9 @@
-"""Mixtures of experts (Mixtral): the expert permutation and the per-expert FFN groups against the stock forward,
-their negative controls, the per-expert storage of stock checkpoints, and planted recovery by weight matching.
+"""Mixtures of experts (Mixtral, OLMoE, Qwen3-MoE): the expert permutation and the per-expert FFN groups against
+the stock forward, their negative controls, the per-expert storage of stock checkpoints, and planted recovery by
+weight matching.
 
-The property tests of every family (tests/test_symmetry.py) cover Mixtral's group element by element; here are
-the parts that only a mixture of experts has.
+The property tests of every family (tests/test_symmetry.py) cover each class's group element by element, and
+tests/test_qk_norm.py OLMoE's and Qwen3-MoE's QK-norm; here are the parts that only a mixture of experts has.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import transformers as T
 from safetensors.torch import save_file
 
 from checks import assert_different_function, assert_same_function, gap
-from factories import example_inputs, loaded_with_logits, logits, make_model, rel_distance, stock_logits
+from factories import EXPERTS, example_inputs, loaded_with_logits, logits, make_config, make_model, rel_distance, stock_logits
 from symmerge import cli
 from symmerge.apply import apply
 from symmerge.elements import random_element
@@ -25,14 +26,24 @@ from symmerge.model import load_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def mixtral(tmp_path_factory):
-    """(canonical model, the logits of its stock forward) of the tiny float64 Mixtral."""
-    return loaded_with_logits("mixtral", tmp_path_factory.mktemp("mixtral") / "m")
+#: one expert's down projection as stock `save_pretrained` writes it
+STORED_DOWN = {"mixtral": "model.layers.0.block_sparse_moe.experts.3.w2.weight",
+               "olmoe": "model.layers.0.mlp.experts.3.down_proj.weight",
+               "qwen3_moe": "model.layers.0.mlp.experts.3.down_proj.weight"}
+
+
+@pytest.fixture(scope="module", params=sorted(EXPERTS))
+def moe(tmp_path_factory, request):
+    """(canonical model, the logits of its stock forward) of a tiny float64 mixture of experts."""
+    return loaded_with_logits(request.param, tmp_path_factory.mktemp(request.param) / "m")
 
 
 def _forward(model, params):
-    return stock_logits(model, params, example_inputs("mixtral"))
+    return stock_logits(model, params, example_inputs(model.shape.arch))
+
+
+def _stock_class(model):
+    return getattr(T, make_config(model.shape.arch).architectures[0])
 
 
 def _without(spec, tensors: tuple[str, ...], suffix: str, how: str | None = None):
@@ -44,8 +55,8 @@ def _without(spec, tensors: tuple[str, ...], suffix: str, how: str | None = None
     return dataclasses.replace(spec, actions={k: [a for a in v if keep(k, a)] for k, v in spec.actions.items()})
 
 
-def test_the_spec_states_the_expert_group(mixtral):
-    spec = mixtral[0].spec
+def test_the_spec_states_the_expert_group(moe):
+    spec = moe[0].spec
     assert "expert_perm" in spec.families()
     experts, ffn, glu = (spec.groups[f"blocks.1.{n}"] for n in ("experts", "ffn", "glu"))
     assert (experts.kind, experts.size, experts.batch) == ("permutation", 4, ())
@@ -56,8 +67,8 @@ def test_the_spec_states_the_expert_group(mixtral):
     assert {a.group for a in spec.actions["blocks.0.moe.W_router"]} == {"residual.rotation", "blocks.0.experts"}
 
 
-def test_inspect_shows_the_expert_group(mixtral, capsys):
-    assert cli.main(["inspect", str(mixtral[0].path)]) == 0
+def test_inspect_shows_the_expert_group(moe, capsys):
+    assert cli.main(["inspect", str(moe[0].path)]) == 0
     out = capsys.readouterr().out
     assert "expert_perm" in out and "router" in out
 
@@ -68,8 +79,8 @@ def test_inspect_shows_the_expert_group(mixtral, capsys):
     (("W_out",), ".ffn", None, "an expert's units permuted in up and gate, not in down"),
     (("W_out",), ".glu", None, "an expert's GLU scale on up, not undone on down"),
 ])
-def test_wrong_expert_actions_change_the_logits(mixtral, tensors, suffix, how, what):
-    model, ref = mixtral
+def test_wrong_expert_actions_change_the_logits(moe, tensors, suffix, how, what):
+    model, ref = moe
     family = {".experts": "expert_perm", ".ffn": "ffn_perm", ".glu": "glu_scale"}[suffix]
     g = random_element(model.spec, torch.Generator().manual_seed(2), [family])
     right = _forward(model, apply(model.spec, g, model.params))
@@ -78,37 +89,37 @@ def test_wrong_expert_actions_change_the_logits(mixtral, tensors, suffix, how, w
     assert gap(wrong, ref, dtype=torch.float32) > 100, what
 
 
-def test_per_expert_files_are_read_and_written(mixtral, tmp_path):
+def test_per_expert_files_are_read_and_written(moe, tmp_path):
     """Stock `save_pretrained` stores each expert's w1, w2, w3 on its own; a checkpoint holding the fused tensors
     under the class's names reads the same; symmerge writes what stock writes, and stock loads it."""
-    model, ref = mixtral
+    model, ref = moe
     stored = json.loads((model.path / "model.safetensors.index.json").read_text())["weight_map"] \
         if (model.path / "model.safetensors.index.json").exists() else None
     from safetensors import safe_open
 
     with safe_open(str(model.path / "model.safetensors"), "pt") as f:
         names = set(f.keys())
-    assert stored is None and "model.layers.0.block_sparse_moe.experts.3.w2.weight" in names
+    assert stored is None and STORED_DOWN[model.shape.arch] in names
     fused = tmp_path / "fused"
     fused.mkdir()
     (fused / "config.json").write_text((model.path / "config.json").read_text())
-    hf = make_model("mixtral")
-    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
+    hf = make_model(model.shape.arch)
+    save_file({k: v.clone().contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
     other = load_model(fused)
     assert all(torch.equal(other.params[k], v) for k, v in model.params.items())
 
     out = tmp_path / "out"
     assert cli.main(["transform", str(model.path), "-o", str(out), "--seed", "3"]) == 0
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        assert set(f.keys()) == names
-    hf_out = T.MixtralForCausalLM.from_pretrained(out, experts_implementation="eager").eval()
-    assert_same_function(logits(hf_out, example_inputs("mixtral")), ref, dtype=torch.float32, what="transformed")
+        assert set(f.keys()) - {"lm_head.weight"} == names - {"lm_head.weight"}  # a tied head is written untied
+    hf_out = _stock_class(model).from_pretrained(out, experts_implementation="eager").eval()
+    assert_same_function(logits(hf_out, example_inputs(model.shape.arch)), ref, dtype=torch.float32, what="transformed")
 
 
-def test_transform_then_align_recovers_a(mixtral, tmp_path):
+def test_transform_then_align_recovers_a(moe, tmp_path):
     """A planted copy (`transform --seed`) is aligned back exactly by weight matching: experts, units, and
     every other group."""
-    model, ref = mixtral
+    model, ref = moe
     a, b, c = model.path, tmp_path / "b", tmp_path / "c"
     assert cli.main(["transform", str(a), "-o", str(b), "--seed", "4"]) == 0
     assert cli.main(["align", str(a), str(b), "-o", str(c), "--json", str(tmp_path / "r.json"), "--groups", "all"]) == 0
@@ -118,11 +129,10 @@ def test_transform_then_align_recovers_a(mixtral, tmp_path):
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["objective"][-1] > 1 - 1e-10 and rep["objective"][0] < 0.5
     assert rep["families"]["expert_perm"]["experts_moved"] > 0 and rep["families"]["ffn_perm"]["units_moved"] > 0
-    hf_c = T.MixtralForCausalLM.from_pretrained(c, experts_implementation="eager").eval()
-    hf_b = T.MixtralForCausalLM.from_pretrained(b, experts_implementation="eager").eval()
-    x = example_inputs("mixtral")
-    assert_same_function(hf_c, hf_b, x, what="aligned Mixtral")
-    assert_same_function(logits(hf_c, x), ref, dtype=torch.float32, what="aligned Mixtral against A")
+    hf_c, hf_b = (_stock_class(model).from_pretrained(x, experts_implementation="eager").eval() for x in (c, b))
+    x = example_inputs(model.shape.arch)
+    assert_same_function(hf_c, hf_b, x, what="aligned")
+    assert_same_function(logits(hf_c, x), ref, dtype=torch.float32, what="aligned, against A")
     shuffled = {k: (v.flip(0) if k.endswith("mlp.gate.weight") else v) for k, v in hf_c.state_dict().items()}
     hf_c.load_state_dict(shuffled)
     assert_different_function(hf_c, hf_b, x, what="the router's rows reversed")

@@ -1,10 +1,11 @@
-"""QK-norm (Qwen3): what is left of the QK map, checked against the stock forward.
+"""QK-norm (Qwen3, Qwen3-MoE; OLMoE's over the whole projection): what is left of the QK map, against the stock forward.
 
 `q = rope(γ_q ⊙ rms(z_q))`: a QK map M must keep the RMS (orthogonal) and `diag(γ) M diag(γ)^{-1}` must
 commute with RoPE. For generic γ only a sign per rotary pair survives (`kinds.PairSigns`); every map
 just outside that group (a rotation of a pair, a quarter turn, a sign on half a pair, Llama's scaled
 rotations) must change the logits, and a rotation of a pair must be exact once γ_q and γ_k are equal
-on the pair (the derivation's other case). The residual scale must scale q and k with the eps.
+on the pair (the derivation's other case). The residual scale must scale q and k with the eps. A norm over the
+whole projection has a weight per entry, which must move with its head.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from symmerge.model import load_model
 QK = "blocks.0.qk"
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    return loaded_with_logits("qwen3", tmp_path_factory.mktemp("qwen3") / "m")
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "olmoe"])
+def qwen3(tmp_path_factory, request):
+    """(canonical model, its stock logits) of a tiny model with QK-norm: per head (Qwen3, Qwen3-MoE), over the
+    whole projection (OLMoE)."""
+    return loaded_with_logits(request.param, tmp_path_factory.mktemp(request.param) / "m")
 
 
 def _forward(model, params):
-    return stock_logits(model, params, example_inputs("qwen3"))
+    return stock_logits(model, params, example_inputs(model.shape.arch))
 
 
 def _pair_map(group, a, b) -> torch.Tensor:
@@ -46,6 +49,7 @@ def test_the_qk_map_is_a_sign_per_rotary_pair(qwen3):
     model, _ = qwen3
     group = model.spec.groups[QK]
     assert group.constraints == ("rope", "qk_norm") and group.discrete and group.rotary_dims == model.shape.d_head
+    assert "QK-norm" in group.note and "sign" in group.note
     g = G.random_element(group, torch.Generator().manual_seed(0))
     d = torch.diagonal(g, dim1=-2, dim2=-1)
     assert torch.equal(g, torch.diag_embed(d)) and bool((d.abs() == 1).all()) and bool((d == -1).any())
@@ -86,7 +90,7 @@ def test_equal_norm_weights_on_a_pair_admit_its_rotations(qwen3):
     for i in range(model.shape.n_layers):
         for n in ("g_Q", "g_K"):
             gamma = params[f"blocks.{i}.attn.{n}"].clone()
-            gamma[second] = gamma[first]
+            gamma[..., second] = gamma[..., first]
             params[f"blocks.{i}.attn.{n}"] = gamma
     ref = _forward(model, params)
     moved = apply(model.spec, {QK: _outside(group, "rotation")}, params)
@@ -103,6 +107,21 @@ def test_the_residual_scale_must_scale_q_and_k(qwen3):
     bad = dataclasses.replace(model.spec, actions=unscaled)
     assert_different_function(_forward(model, apply(bad, g, model.params)), ref, dtype=torch.float32,
                               what="the residual scale without q and k")
+
+
+def test_norm_weights_move_with_their_heads_where_each_head_has_its_own(qwen3):
+    """Per head, one weight vector shared by the heads: the head permutation leaves it (no action). Over the whole
+    projection, a weight per entry: it moves with its head, and left in place it changes the logits."""
+    model, ref = qwen3
+    g = {f"blocks.{i}.heads": torch.tensor([1, 0]) for i in range(model.shape.n_layers)}  # the two KV groups swapped
+    assert_same_function(_forward(model, apply(model.spec, g, model.params)), ref, dtype=torch.float32, what="heads")
+    norms = [f"blocks.{i}.attn.{n}" for i in range(model.shape.n_layers) for n in ("g_Q", "g_K")]
+    if model.shape.qk_norm == "head":
+        assert all(model.spec.actions[k] == [] for k in norms)
+        return
+    left = dataclasses.replace(model.spec, actions={**model.spec.actions, **{k: [] for k in norms}})
+    assert_different_function(_forward(model, apply(left, g, model.params)), ref, dtype=torch.float32,
+                              what="heads permuted, QK-norm weights left in place")
 
 
 def test_untied_qwen3_with_attention_biases(tmp_path):
@@ -129,3 +148,26 @@ def test_untied_qwen3_with_attention_biases(tmp_path):
     assert float((moved["blocks.0.attn.b_Q"] - model.params["blocks.0.attn.b_Q"]).abs().max()) > 1e-3
     assert_same_function(_forward(model, moved), ref, dtype=torch.float32, what="every group")
     assert not math.isclose(float(g["residual.scale"]), 1.0)
+
+
+def test_clip_qkv_after_qk_norm_restricts_the_ov_maps(tmp_path):
+    """OLMoE clamps q, k, v after the QK-norm (`clip_qkv`): the QK maps stay the norm's signs (which commute with
+    the clamp), the OV maps shrink to signed permutations; every element keeps the stock forward, a general OV map
+    does not."""
+    import json
+
+    from factories import make_model
+
+    folder = save_model(make_model("olmoe"), tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "clip_qkv": 0.3}))
+    model = load_model(folder)
+    ov, qk = model.spec.groups["blocks.0.ov"], model.spec.groups["blocks.0.qk"]
+    assert ov.constraints == ("signed_permutation",) and qk.constraints == ("rope", "qk_norm")
+    ref = _forward(model, model.params)
+    g = random_element(model.spec, torch.Generator().manual_seed(4))
+    assert_same_function(_forward(model, apply(model.spec, g, model.params)), ref, dtype=torch.float32, what="every group")
+    free = {"blocks.0.ov": G.random_element(dataclasses.replace(ov, constraints=()), torch.Generator().manual_seed(8),
+                                            spread=1.5)}
+    assert_different_function(_forward(model, apply(model.spec, free, model.params)), ref, dtype=torch.float32,
+                              what="a general OV map under clip_qkv")

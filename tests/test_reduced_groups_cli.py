@@ -23,8 +23,9 @@ def _inspect(tmp_path, capsys, arch: str, family: str) -> tuple[dict, str, str]:
     return info, json.dumps(next(f for f in info["families"] if f["family"] == family)), capsys.readouterr().out
 
 
-def test_inspect_states_the_reduced_qk_group(tmp_path, capsys):
-    info, qk, text = _inspect(tmp_path, capsys, "qwen3", "qk_map")
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "olmoe"])
+def test_inspect_states_the_reduced_qk_group(tmp_path, capsys, arch):
+    info, qk, text = _inspect(tmp_path, capsys, arch, "qk_map")
     assert "QK-norm" in qk and "sign" in qk and "QK-norm" in text, qk
     assert any("QK-norm" in n and "residual scale" in n for n in info["notes"])
 

@@ -51,8 +51,9 @@ GROUPED_MM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def runs_in(config, dtype: torch.dtype):
     """`config`, set up for a stock model that runs in `dtype`: stock mixtures of experts default to the
     `grouped_mm` kernel, which multiplies float32/16 matrices only, so other dtypes (float64) get the eager loop
-    over the experts (the same sums). Returns `config` (changed in place); other configs are left alone."""
-    if dtype not in GROUPED_MM_DTYPES and hasattr(config, "num_local_experts"):
+    over the experts (the same sums). Returns `config` (changed in place); in other dtypes it is left alone. A
+    model without experts ignores the setting ("eager" is valid for every class)."""
+    if dtype not in GROUPED_MM_DTYPES:
         config._experts_implementation = "eager"
     return config
 

@@ -2,8 +2,10 @@
 
 `small` is the papers' size: 6 layers, width 256, 4 heads, context 256 (Tiny Shakespeare); the same
 shape for GPT-NeoX, Llama and Qwen3 (grouped-query attention with 2 KV heads, SwiGLU width 688 ~ 8/3 d;
-Qwen3 adds QK-norm), OLMo and OLMo-2 (post-norms and QK-norm). ViT `small` is 6 layers, width 256, 4 heads,
-patch 4 for 28x28 images and patch 2 for 8x8.
+Qwen3 adds QK-norm), OLMo and OLMo-2 (post-norms and QK-norm). Qwen3-MoE (`qwen3_moe`) is Qwen3 with a mixture of
+experts in every layer, top 2 renormalised, no load-balancing loss (the loss is the language model's alone): 8
+experts of width 256 at `small`, 4 of width 128 at `demo` (an active FFN width of 256 or 512). ViT `small` is 6
+layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
 `tiny` presets train in a second and exist for tests; `demo` (width 128, 3 layers, 4 heads, context 64;
 Llama/Qwen3/OLMo/OLMo-2 SwiGLU width 344 ~ 8/3 d, Llama and Qwen3 with 2 KV heads) trains in minutes on one CPU
 thread. Dropout is 0 everywhere (so training is a function of the seed alone, and a resumed run can equal an uninterrupted one).
@@ -15,9 +17,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 from . import SymmergeError
 
-ARCHS = ("gpt2", "neox", "llama", "qwen3", "olmo", "olmo2", "vit")
+ARCHS = ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "vit")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-              "qwen3": "Qwen3ForCausalLM", "olmo": "OlmoForCausalLM",
+              "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmo": "OlmoForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "vit": "ViTForImageClassification"}
 
 
@@ -30,7 +32,9 @@ class Preset:
     heads: int
     d_mlp: int
     context: int = 0  # language models: window length in tokens
-    kv_heads: int | None = None  # llama and qwen3 only (GQA); None = heads
+    kv_heads: int | None = None  # llama, qwen3 and qwen3_moe only (GQA); None = heads
+    experts: int = 0  # qwen3_moe only: experts per layer, each a gated MLP of width d_mlp
+    experts_per_token: int = 0  # qwen3_moe only: the router's top k
     rotary_pct: float = 0.25  # neox only: the fraction of each head RoPE rotates (Pythia's 25%)
     parallel_residual: bool = True  # neox only: attention and MLP both read the block's input (Pythia)
     patch: dict = field(default_factory=dict)  # vit: image side -> patch side
@@ -66,6 +70,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
     "qwen3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
               "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
               "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
+    "qwen3_moe": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=24, kv_heads=2, experts=4, experts_per_token=2))),
+                  "demo": Preset(**(_DEMO_LM | dict(d_mlp=128, kv_heads=2, experts=4, experts_per_token=2))),
+                  "small": Preset(**(_SMALL_LM | dict(d_mlp=256, kv_heads=2, experts=8, experts_per_token=2)))},
     "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "olmo2": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
@@ -90,7 +97,7 @@ def get_preset(arch: str, name: str) -> Preset:
 
 
 #: the architectures with grouped-query attention (`--kv-heads`)
-GQA = ("llama", "qwen3")
+GQA = ("llama", "qwen3", "qwen3_moe")
 #: the preset fields `symmerge train` may override (`--d-model`, `--layers`, `--heads`, `--kv-heads`, `--d-mlp`)
 SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
 #: GPT-NeoX's architecture switches `symmerge train` may override (`--rotary-pct`, `--parallel-residual`)
@@ -120,7 +127,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
         raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
                             "positive number of dimensions; change --rotary-pct, --d-model or --heads")
-    if arch in ("llama", "qwen3", "olmo", "olmo2") and head % 2:
+    if arch in ("llama", "qwen3", "qwen3_moe", "olmo", "olmo2") and head % 2:
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
@@ -150,6 +157,13 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
                              num_key_value_heads=p.kv_heads or p.heads, head_dim=p.d_model // p.heads,
                              intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
                              pad_token_id=None, **common)
+    if arch == "qwen3_moe":  # every layer a mixture (decoder_sparse_step 1); no load-balancing loss in the loss
+        return T.Qwen3MoeConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                                num_key_value_heads=p.kv_heads or p.heads, head_dim=p.d_model // p.heads,
+                                intermediate_size=p.d_mlp, moe_intermediate_size=p.d_mlp, num_experts=p.experts,
+                                num_experts_per_tok=p.experts_per_token, norm_topk_prob=True, decoder_sparse_step=1,
+                                mlp_only_layers=[], output_router_logits=False, max_position_embeddings=p.context,
+                                tie_word_embeddings=False, pad_token_id=None, **common)
     if arch == "olmo":
         return T.OlmoConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                             intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
@@ -158,7 +172,7 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
         return T.Olmo2Config(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                              intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
                              pad_token_id=None, **common)
-    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of gpt2, neox, llama, qwen3, olmo, olmo2")
+    raise SymmergeError(f"{arch} is not a language-model architecture; choose one of {', '.join(a for a in ARCHS if a != 'vit')}")
 
 
 def vit_config(p: Preset, image_size: int, num_labels: int, num_channels: int = 1):

@@ -206,7 +206,10 @@ def _residual_groups(s: ModelShape, groups: dict, notes: list) -> None:
 def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
     r = _layer_names(i)
     nkv, dh = s.n_kv_heads, s.d_head
-    clip = ("signed_permutation",) if s.clip_qkv is not None and not s.qk_norm else ()
+    # clip_qkv clamps q, k, v elementwise (OLMo, OLMoE): only signed permutations commute with the clamp; under
+    # QK-norm the QK maps are signs already, which commute with it, and the OV maps are restricted alike
+    clip = ("signed_permutation",) if s.clip_qkv is not None else ()
+    qk_clip = () if s.qk_norm else clip
     clip_note = " (clip_qkv clamps q, k, v elementwise: only signed permutations commute with it)" if clip else ""
     groups[r.heads] = G.Group(r.heads, HEAD_PERM, "permutation", nkv, layer=i,
                                    note="attention heads are summed" + (" (KV groups move as units)" if s.q_per_kv > 1 else ""))
@@ -215,9 +218,9 @@ def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
                                         indexed_by=r.heads, note="query heads sharing a KV head")
     rope = ("rope",) if s.rotary_dims else ()
     groups[r.qk] = G.Group(
-        r.qk, QK_MAP, "invertible", dh, batch=(nkv,), constraints=rope + clip + (("qk_norm",) if s.qk_norm else ()),
+        r.qk, QK_MAP, "invertible", dh, batch=(nkv,), constraints=rope + qk_clip + (("qk_norm",) if s.qk_norm else ()),
         layer=i, rotary_dims=s.rotary_dims, rotary_layout=s.rotary_layout, indexed_by=r.heads,
-        note=_qk_note(s) + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
+        note=_qk_note(s) + (", shared by a GQA group" if s.q_per_kv > 1 else "") + (clip_note if qk_clip else ""),
     )
     groups[r.ov] = G.Group(
         r.ov, OV_MAP, "invertible", dh, batch=(nkv,), constraints=clip, layer=i, indexed_by=r.heads,
@@ -323,7 +326,9 @@ def build_spec(s: ModelShape) -> Spec:
     for i in range(s.n_layers):
         _block_groups(s, i, groups)
     if s.clip_qkv is not None:
-        notes.append(f"clip_qkv={s.clip_qkv}: QK and OV maps restricted to signed permutations (quarter turns on rotary pairs)")
+        notes.append(f"clip_qkv={s.clip_qkv}: OV maps restricted to signed permutations, QK maps "
+                     + ("to the QK-norm's signs (they commute with the clamp)" if s.qk_norm
+                        else "too (quarter turns on rotary pairs)"))
     if s.qk_norm and s.residual_scale:
         notes.append("QK-norm reads the config's eps: the residual scale a (eps -> a^2 eps) scales q and k by a too")
     if s.centred:

@@ -1,10 +1,10 @@
-"""The symmetry of a mixture of experts (Mixtral): the groups of one layer's experts and their actions.
+"""The symmetry of a mixture of experts (Mixtral, OLMoE, Qwen3-MoE): the groups of one layer's experts and their actions.
 
 A sparse MoE layer computes, for a normalised stream x,
 
     y = sum_{e in top_k(p)} w_e · W_out[e] (act(W_gate[e] x) * (W_in[e] x)),   p = softmax(W_router x),
 
-with w_e the selected probabilities renormalised over the top k. Exact symmetries, each derived from this form:
+with w_e the selected probabilities, renormalised over the top k or not (`norm_topk_prob`). Exact symmetries, each derived from this form:
 
 - expert permutation (per layer): relabel the experts, moving each expert's three matrices and the router's
   row together. The softmax is equivariant under a permutation of its logits, top-k selects the same experts
@@ -18,7 +18,7 @@ with w_e the selected probabilities renormalised over the top k. Exact symmetrie
   the experts' up and gate as readers and their down projections as writers; the residual scale scales the
   down projections (the router reads the normalised stream, untouched by it).
 
-Canonical tensors (no biases: Mixtral has none):
+Canonical tensors (no biases: the stock classes have none):
     blocks.i.moe.W_router [E, d_model]
     blocks.i.moe.W_in [E, d_mlp, d_model] (up)   W_gate [E, d_mlp, d_model]   W_out [E, d_model, d_mlp] (down)
 """

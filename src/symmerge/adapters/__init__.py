@@ -7,7 +7,7 @@ from .base import Adapter
 from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
-from .mixtral import MixtralAdapter
+from .experts import MixtralAdapter, OlmoeAdapter, Qwen3MoeAdapter
 from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter
 from .phi3 import Phi3Adapter
@@ -15,8 +15,8 @@ from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Phi3Adapter(),
-           Qwen3Adapter(), ViTAdapter()):
+for _a in (GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), OlmoeAdapter(),
+           Phi3Adapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 

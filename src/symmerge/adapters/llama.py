@@ -60,17 +60,41 @@ def decoder_block_to_canonical(get, s: ModelShape, i: int, ln1, ln2) -> dict[str
     """Llama-layout block (`model.layers.i.self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`).
 
     ln1, ln2: (gamma, beta) of the norms read by attention and MLP (beta None for RMSNorm)."""
+    return {**decoder_attention_to_canonical(get, s, i, ln1), **decoder_mlp_to_canonical(get, s, i, ln2)}
+
+
+def decoder_mlp_to_canonical(get, s: ModelShape, i: int, ln2) -> dict[str, torch.Tensor]:
+    """Llama-layout gated MLP (`model.layers.i.mlp.{gate,up,down}_proj`); ln2: (gamma, beta) of the norm it reads."""
     p, hf = f"blocks.{i}", f"model.layers.{i}"
-    out = decoder_attention_to_canonical(get, s, i, ln1)
     m = lambda n: get(f"{hf}.mlp.{n}_proj.weight")  # noqa: E731
     mb = lambda n: get(f"{hf}.mlp.{n}_proj.bias", None)  # noqa: E731
     w_gate, b_gate = fold_norm(m("gate"), mb("gate"), *ln2)
     w_in, b_in = fold_norm(m("up"), mb("up"), *ln2)
     b_out = mb("down")
-    out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_gate": w_gate, f"{p}.mlp.b_gate": b_gate,
-                f"{p}.mlp.W_out": m("down"),
-                f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out})
-    return out
+    return {f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_gate": w_gate, f"{p}.mlp.b_gate": b_gate,
+            f"{p}.mlp.W_out": m("down"),
+            f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out}
+
+
+def qk_norm_to_canonical(get, s: ModelShape, i: int) -> dict[str, torch.Tensor]:
+    """Block i's QK-norm weights (`self_attn.{q,k}_norm.weight`) as `attn.g_Q`, `attn.g_K`: `[d_head]` each for a
+    norm per head (`s.qk_norm == "head"`), `[n_kv, q_per_kv, d_head]` and `[n_kv, d_head]` for one over the whole
+    projection ("projection"); nothing without QK-norm."""
+    if not s.qk_norm:
+        return {}
+    hf, p = f"model.layers.{i}.self_attn", f"blocks.{i}.attn"
+    q, k = get(f"{hf}.q_norm.weight"), get(f"{hf}.k_norm.weight")
+    if s.qk_norm == "projection":
+        q, k = q.reshape(s.n_kv_heads, s.q_per_kv, s.d_head), k.reshape(s.n_kv_heads, s.d_head)
+    return {f"{p}.g_Q": q, f"{p}.g_K": k}
+
+
+def qk_norm_from_canonical(params, s: ModelShape, i: int) -> dict[str, torch.Tensor]:
+    """The stock QK-norm weights of block i (`qk_norm_to_canonical`'s inverse); nothing without QK-norm."""
+    if not s.qk_norm:
+        return {}
+    hf, p = f"model.layers.{i}.self_attn", f"blocks.{i}.attn"
+    return {f"{hf}.q_norm.weight": params[f"{p}.g_Q"].reshape(-1), f"{hf}.k_norm.weight": params[f"{p}.g_K"].reshape(-1)}
 
 
 def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool) -> dict[str, torch.Tensor]:
@@ -96,8 +120,13 @@ def decoder_attention_from_canonical(params, i: int, norm_weights: bool, d_model
 
 def decoder_block_from_canonical(params, s: ModelShape, i: int, norm_weights: bool) -> dict[str, torch.Tensor]:
     """All tensors a Llama-layout block could hold; `keep_expected` keeps those the class has."""
+    return {**decoder_attention_from_canonical(params, i, norm_weights, s.d_model), **decoder_mlp_from_canonical(params, i)}
+
+
+def decoder_mlp_from_canonical(params, i: int) -> dict[str, torch.Tensor]:
+    """All tensors a Llama-layout gated MLP could hold (biases included)."""
     p, hf = f"blocks.{i}", f"model.layers.{i}"
-    sd = decoder_attention_from_canonical(params, i, norm_weights, s.d_model)
+    sd = {}
     for n, c in (("gate", "gate"), ("up", "in"), ("down", "out")):
         sd[f"{hf}.mlp.{n}_proj.weight"], sd[f"{hf}.mlp.{n}_proj.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
     return sd
@@ -111,16 +140,23 @@ class LlamaAdapter(Adapter):
     function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 
     def shape(self, c) -> ModelShape:
-        arch = (getattr(c, "architectures", None) or ["LlamaForCausalLM"])[0]
-        return _decoder_shape(self, c, arch if arch in self.hf_classes else "LlamaForCausalLM", "rmsnorm", True)
+        arch = (getattr(c, "architectures", None) or [self.hf_classes[0]])[0]
+        return _decoder_shape(self, c, arch if arch in self.hf_classes else self.hf_classes[0], "rmsnorm", True)
 
     def embed_to_canonical(self, get, s):
         return {"embed.W_E": get("model.embed_tokens.weight")}
 
     def block_to_canonical(self, get, s, i):
-        hf = f"model.layers.{i}"
-        return decoder_block_to_canonical(get, s, i, (get(f"{hf}.input_layernorm.weight"), None),
-                                          (get(f"{hf}.post_attention_layernorm.weight"), None))
+        return {**self.attention_to_canonical(get, s, i), **self.mlp_to_canonical(get, s, i)}
+
+    def attention_to_canonical(self, get, s, i):
+        """Block i's attention, its input norm folded in, and its QK-norm weights where the shape has them."""
+        return {**decoder_attention_to_canonical(get, s, i, (get(f"model.layers.{i}.input_layernorm.weight"), None)),
+                **qk_norm_to_canonical(get, s, i)}
+
+    def mlp_to_canonical(self, get, s, i):
+        """Block i's MLP, the post-attention norm folded in (a mixture of experts replaces it: `experts.py`)."""
+        return decoder_mlp_to_canonical(get, s, i, (get(f"model.layers.{i}.post_attention_layernorm.weight"), None))
 
     def final_to_canonical(self, get, s):
         w_u = get("lm_head.weight", None)
@@ -131,7 +167,14 @@ class LlamaAdapter(Adapter):
         return decoder_ends_from_canonical(params, s, norm_weights=True)
 
     def block_from_canonical(self, params, s, i):
-        return decoder_block_from_canonical(params, s, i, norm_weights=True)
+        return {**self.attention_from_canonical(params, s, i), **self.mlp_from_canonical(params, s, i)}
+
+    def attention_from_canonical(self, params, s, i):
+        """Block i's attention tensors, its two norms (unit weight) and its QK-norm weights."""
+        return {**decoder_attention_from_canonical(params, i, True, s.d_model), **qk_norm_from_canonical(params, s, i)}
+
+    def mlp_from_canonical(self, params, s, i):
+        return decoder_mlp_from_canonical(params, i)
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

@@ -18,7 +18,14 @@ from __future__ import annotations
 import dataclasses
 
 from .base import HookPoints
-from .llama import LlamaAdapter, _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
+from .llama import (
+    LlamaAdapter,
+    decoder_block_from_canonical,
+    decoder_block_to_canonical,
+    decoder_ends_from_canonical,
+    qk_norm_from_canonical,
+    qk_norm_to_canonical,
+)
 
 POST = (("attn", "post_attention_layernorm"), ("mlp", "post_feedforward_layernorm"))
 
@@ -32,14 +39,11 @@ class Olmo2Adapter(LlamaAdapter):
     function_keys = ()
 
     def shape(self, c):
-        s = _decoder_shape(self, c, "Olmo2ForCausalLM", "rmsnorm", True)
-        return dataclasses.replace(s, qk_norm="projection", post_norm=True)
+        return dataclasses.replace(super().shape(c), qk_norm="projection", post_norm=True)
 
     def block_to_canonical(self, get, s, i):
         hf, p = f"model.layers.{i}", f"blocks.{i}"
-        out = decoder_block_to_canonical(get, s, i, (1.0, None), (1.0, None))
-        out[f"{p}.attn.g_Q"] = get(f"{hf}.self_attn.q_norm.weight").reshape(s.n_kv_heads, s.q_per_kv, s.d_head)
-        out[f"{p}.attn.g_K"] = get(f"{hf}.self_attn.k_norm.weight").reshape(s.n_kv_heads, s.d_head)
+        out = {**decoder_block_to_canonical(get, s, i, (1.0, None), (1.0, None)), **qk_norm_to_canonical(get, s, i)}
         out.update({f"{p}.{part}.g_post": get(f"{hf}.{norm}.weight") for part, norm in POST})
         return out
 
@@ -48,8 +52,6 @@ class Olmo2Adapter(LlamaAdapter):
 
     def block_from_canonical(self, params, s, i):
         hf, p = f"model.layers.{i}", f"blocks.{i}"
-        sd = decoder_block_from_canonical(params, s, i, norm_weights=False)
-        sd[f"{hf}.self_attn.q_norm.weight"] = params[f"{p}.attn.g_Q"].reshape(-1)
-        sd[f"{hf}.self_attn.k_norm.weight"] = params[f"{p}.attn.g_K"].reshape(-1)
+        sd = {**decoder_block_from_canonical(params, s, i, norm_weights=False), **qk_norm_from_canonical(params, s, i)}
         sd.update({f"{hf}.{norm}.weight": params[f"{p}.{part}.g_post"] for part, norm in POST})
         return sd

@@ -21,7 +21,7 @@ import re
 import torch
 
 from ..shape import ModelShape
-from .llama import LlamaAdapter, _decoder_shape, decoder_block_from_canonical
+from .llama import LlamaAdapter
 
 _QKV = re.compile(r"^(?P<p>.+\.self_attn)\.(?P<n>[qkv])_proj\.(?P<t>weight|bias)$")
 _GATE_UP = re.compile(r"^(?P<p>.+\.mlp)\.(?P<n>gate|up)_proj\.(?P<t>weight|bias)$")
@@ -59,11 +59,8 @@ class Phi3Adapter(LlamaAdapter):
     hf_classes = ("Phi3ForCausalLM",)
     function_keys = ("sliding_window",)
 
-    def shape(self, c) -> ModelShape:
-        return _decoder_shape(self, c, "Phi3ForCausalLM", "rmsnorm", True)
-
     def block_to_canonical(self, get, s, i):
         return super().block_to_canonical(unfused(get, s), s, i)
 
     def block_from_canonical(self, params, s, i):
-        return fused(decoder_block_from_canonical(params, s, i, norm_weights=True), i)
+        return fused(super().block_from_canonical(params, s, i), i)

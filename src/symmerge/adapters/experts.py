@@ -1,0 +1,98 @@
+"""Mixtures of experts in the Llama layout: Mixtral (`MixtralForCausalLM`), OLMoE (`OlmoeForCausalLM`) and
+Qwen3-MoE (`Qwen3MoeForCausalLM`), each block's MLP replaced by a sparse mixture of experts.
+
+transformers holds each layer's experts as two stacked tensors, `mlp.experts.gate_up_proj [E, 2 d_mlp, d_model]`
+(the gate's rows, then the up projection's: `gate, up = linear(x, gate_up_proj[e]).chunk(2)`) and
+`mlp.experts.down_proj [E, d_model, d_mlp]`, with the router `mlp.gate.weight [E, d_model]` (a reader of the
+post-attention norm, its softmax computed in float32 whatever the weights' dtype). Stock `save_pretrained` writes
+the experts one at a time, under each family's original names (`Adapter.expert_parts`: Mixtral's `w1` gate, `w3`
+up, `w2` down under `block_sparse_moe`; OLMoE's and Qwen3-MoE's `gate_proj`, `up_proj`, `down_proj`), which is
+what is read (`stored.py`) and written (`Adapter.saved`); the stacked names are read too.
+
+`MixtureOfExperts` replaces a Llama-layout adapter's MLP part and nothing else, so the attention is the family's
+own: Llama's (Mixtral), QK-norm over the whole projection as OLMo-2's but with pre-norms (OLMoE), QK-norm per
+head as Qwen3's (Qwen3-MoE); the QK-norm restricts the QK maps exactly as in the dense family. The expert group
+(`spec_experts.py`): Llama's, with the FFN permutation and GLU scale batched over the experts, and an expert
+permutation per layer that moves each expert with its router row. Whether the top-k weights are renormalised
+(`norm_topk_prob`: Qwen3-MoE yes, OLMoE no) does not matter to it: both follow a relabelling. Activation matching
+is refused (no hidden vector per expert to hook).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..shape import ModelShape
+from .base import HookPoints, require
+from .llama import DECODER_HOOKS, LlamaAdapter
+from .qwen3 import Qwen3Adapter
+
+
+def moe_to_canonical(i: int, router, gate, up, down, gamma) -> dict[str, torch.Tensor]:
+    """Canonical expert tensors of block i from stock router `[E, d]`, gate and up `[E, d_mlp, d]`, down
+    `[E, d, d_mlp]`, the norm they read (weight `gamma`) folded into the readers."""
+    p = f"blocks.{i}.moe"
+    return {f"{p}.W_router": router * gamma, f"{p}.W_gate": gate * gamma, f"{p}.W_in": up * gamma, f"{p}.W_out": down}
+
+
+class MixtureOfExperts:
+    """A Llama-layout adapter's MLP part replaced by a sparse mixture of experts (mix in before the adapter)."""
+
+    hooks: HookPoints = dataclasses.replace(DECODER_HOOKS, ffn_hidden="model.layers.{i}.mlp.experts")
+    expert_parts = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+    #: the config keys of the number of experts and of each expert's width
+    n_experts_key, d_mlp_key = "num_experts", "intermediate_size"
+
+    def shape(self, c) -> ModelShape:
+        return dataclasses.replace(super().shape(c), n_experts=getattr(c, self.n_experts_key),
+                                   experts_per_token=c.num_experts_per_tok, d_mlp=getattr(c, self.d_mlp_key))
+
+    def mlp_to_canonical(self, get, s, i):
+        hf = f"model.layers.{i}"
+        gate_up = get(f"{hf}.mlp.experts.gate_up_proj")  # [E, 2 d_mlp, d]: gate rows, then up rows
+        return moe_to_canonical(i, get(f"{hf}.mlp.gate.weight"), gate_up[:, : s.d_mlp], gate_up[:, s.d_mlp:],
+                                get(f"{hf}.mlp.experts.down_proj"), get(f"{hf}.post_attention_layernorm.weight"))
+
+    def mlp_from_canonical(self, params, s, i):
+        hf, p = f"model.layers.{i}", f"blocks.{i}.moe"
+        return {f"{hf}.mlp.gate.weight": params[f"{p}.W_router"],
+                f"{hf}.mlp.experts.gate_up_proj": torch.cat([params[f"{p}.W_gate"], params[f"{p}.W_in"]], dim=1),
+                f"{hf}.mlp.experts.down_proj": params[f"{p}.W_out"]}
+
+
+class MixtralAdapter(MixtureOfExperts, LlamaAdapter):
+    name = "mixtral"
+    hf_classes = ("MixtralForCausalLM",)
+    renames = ((r"\.block_sparse_moe\.", ".mlp."),)  # stock save_pretrained writes the original names
+    save_renames = ((r"\.mlp\.", ".block_sparse_moe."),)
+    expert_parts = {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}
+    n_experts_key = "num_local_experts"
+    function_keys = ("sliding_window", "router_jitter_noise")
+
+
+class OlmoeAdapter(MixtureOfExperts, LlamaAdapter):
+    """OLMoE: pre-norms, and QK-norm over the whole projection (a weight per entry, as OLMo-2's), then `clip_qkv`."""
+
+    name = "olmoe"
+    hf_classes = ("OlmoeForCausalLM",)
+    function_keys = ("norm_topk_prob",)
+
+    def shape(self, c) -> ModelShape:
+        return dataclasses.replace(super().shape(c), qk_norm="projection")
+
+
+class Qwen3MoeAdapter(MixtureOfExperts, Qwen3Adapter):
+    """Qwen3-MoE: Qwen3's QK-norm per head; experts of width `moe_intermediate_size` in every layer."""
+
+    name = "qwen3_moe"
+    hf_classes = ("Qwen3MoeForCausalLM",)
+    d_mlp_key = "moe_intermediate_size"
+    function_keys = (*LlamaAdapter.function_keys, "norm_topk_prob")
+
+    def shape(self, c) -> ModelShape:
+        dense = [i for i in range(c.num_hidden_layers) if i in (c.mlp_only_layers or []) or (i + 1) % c.decoder_sparse_step]
+        require(not dense, f"Qwen3MoeForCausalLM with dense MLP layers ({dense}: mlp_only_layers, decoder_sparse_step) "
+                "is not supported yet; symmerge reads a mixture of experts in every layer")
+        return super().shape(c)
