@@ -64,6 +64,9 @@ def test_a_run_still_improving_learns_on_by_the_rule(pair):
     last = on["steps"]
     assert last == 2 * PLANNED or barrier[last] != min(barrier.values()) or barrier[last - EVERY] - barrier[last] <= FLAT
     assert on["barrier_after"] <= off["barrier_after"]
+    # where the time went: the steps past the plan are part of the loop, and the end line says so
+    assert 0 < on["time"]["past_plan_s"] < on["time"]["loop_s"] and on["time"]["validation_s"] > 0
+    assert off["time"]["past_plan_s"] == 0 and "s past the plan" in on["end_line"] and "past the plan" not in off["end_line"]
 
 
 def test_resume_within_the_extension_equals_uninterrupted(pair, tmp_path):

@@ -88,6 +88,7 @@ class Run:
         self.objective = learner.objective(self.cfg)
         self.meta = {"step": 0, "history": [], "best_step": 0, "bad_evals": 0,
                      "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None,
+                     "validation_s": 0.0, "past_plan_s": 0.0,
                      "total": self.cfg.steps, "extended": 0}
 
     # --- state ---
@@ -126,6 +127,11 @@ class Run:
 
     # --- evaluation ---
     def evaluate(self, step: int) -> None:
+        t0 = time.perf_counter()
+        self._evaluate(step)
+        self.meta["validation_s"] += time.perf_counter() - t0
+
+    def _evaluate(self, step: int) -> None:
         m, obj = self.meta, self.objective
         if m["endpoint_losses"] is None:  # the endpoints compute their inputs' functions: fixed for the run
             m["endpoint_losses"] = self.group.curve(self.learner, self.val, obj.ends)
@@ -203,8 +209,10 @@ class Run:
                 if m["step"] % cfg.eval_every == 0 or m["step"] == m["total"]:
                     self.evaluate(m["step"])
                 bar.set_postfix(loss=f"{loss:.4f}", validation=str(self.objective.value(m["history"][-1]))[:6])
-                m["time_s"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
+                dt, t0 = time.perf_counter() - t0, time.perf_counter()
+                m["time_s"] += dt
+                if m["step"] > cfg.steps:
+                    m["past_plan_s"] += dt
                 if self.stop or (self.on_step is not None and self.on_step(m["step"])):
                     self.save()
                     bar.close()
@@ -225,6 +233,9 @@ class Run:
         report = {
             "method": self.cfg.method, "steps": m["step"], "planned_steps": self.cfg.steps,
             "extended_steps": m["extended"], "time_s": round(m["time_s"], 3),
+            # the loop's seconds; validation_s: every validation (the start's too), past_plan_s: the steps learned on
+            "time": {"loop_s": round(m["time_s"], 3), "validation_s": round(m["validation_s"], 3),
+                     "past_plan_s": round(m["past_plan_s"], 3)},
             **self.objective.report(m["history"], m["best_step"], m["endpoint_losses"]),
             "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
             "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in learner.slots},

@@ -79,7 +79,17 @@ def end_line(report: dict) -> str:
     rate = f"lr {plan['lr']:.3g}" if "lr" in plan else ""
     if search:
         rate += f" (--lr auto: best of {len(search['rates'])} rates × {search['steps_each']} steps)"
-    return f"{head}; {tail}" + (f"; {rate}" if rate else "")
+    return f"{head}; {tail}" + (f"; {rate}" if rate else "") + _time(report.get("time"))
+
+
+def _time(t: dict | None) -> str:
+    """Where the run's time went: the loop (its validations, its steps past the plan) and the rate search."""
+    if not t:
+        return ""
+    parts = [f"{t['validation_s']:.0f} s validating"] + ([f"{t['past_plan_s']:.0f} s past the plan"]
+                                                        if t.get("past_plan_s") else [])
+    search = f", --lr auto's search {t['search_s']:.0f} s" if t.get("search_s") else ""
+    return f"; {t['loop_s']:.0f} s learning ({', '.join(parts)}){search}"
 
 
 def _f(x) -> str:

@@ -82,6 +82,7 @@ def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConf
     result = Run(learner, train, val, checkpoint, on_step).go(resume)
     rep = result.report
     rep["plan"] = plan
+    rep["time"]["search_s"] = plan["lr_search"]["seconds"] if "lr_search" in plan else 0.0
     rep["barrier_after_se"] = best_se(learner, val, rep["lambdas"], rep["losses_after"])
     rep["after_best"] = after_best(rep["history"], rep["best_step"], rep["barrier_after_se"])
     rep["end_line"] = end_line(rep)
