@@ -59,3 +59,33 @@ def pair(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("pair")
     return load_model(save_model(make_model("gpt2", 0), d / "a")), load_model(save_model(make_model("gpt2", 1), d / "b"))
+
+
+@pytest.fixture(scope="session")
+def dist_pair(tmp_path_factory):
+    """The multi-process tests' tiny GPT-2 pair with a tokenizer and a text file (`dist_common.make_pair`)."""
+    from dist_common import make_pair
+
+    return make_pair(tmp_path_factory.mktemp("dist-pair"))
+
+
+def _one_process(pair, d, *extra):
+    from dist_common import align
+    from symmerge.cli import main
+
+    assert main(align(*pair, d / "out", "--json", str(d / "out.json"), *extra)) == 0
+    return d
+
+
+@pytest.fixture(scope="session")
+def one_process(dist_pair, tmp_path_factory):
+    """`dist_common.align` (dual) of the pair in this one process: FOLDER/out and its report FOLDER/out.json,
+    what the multi-process runs must equal."""
+    return _one_process(dist_pair, tmp_path_factory.mktemp("one-process"))
+
+
+@pytest.fixture(scope="session")
+def half_rows(dist_pair, tmp_path_factory):
+    """The same command on half of each batch (what the first of two processes would take without the
+    all-reduce), in this one process: the multi-process tests' negative control."""
+    return _one_process(dist_pair, tmp_path_factory.mktemp("half-rows"), "--batch-size", "2")

@@ -19,10 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "src"
-TIMEOUT_S = 20  # the process group's timeout in these tests (SYMMERGE_DIST_TIMEOUT)
+from dist_common import CHARS, HERE, align, env, last_losses, launch_cli, load, outputs_rel, rel, torchrun
 
 
 def _train_val():
@@ -71,7 +68,7 @@ def _worker(spec: dict) -> int:
             return step == run.get("stop_at")
 
         ckpt = run.get(f"ckpt_rank{group.rank}", run["ckpt"])
-        group.shard = run.get("shard", False)
+        group.shard = run.get("shard", 0)
         try:
             res = learn(a, b, train, val, _config(run["method"]), init=_init(b, run["method"]), checkpoint=ckpt,
                         resume=run.get("resume", False), on_step=on_step)
@@ -91,90 +88,31 @@ def _worker(spec: dict) -> int:
         from symmerge.match.blockwise import Frozen
         from symmerge.match.sharded import Sharded
 
+        group.shard = 2
         kept = {"sharded": Sharded(a, group).nbytes(), "whole": Frozen(a).nbytes()}
         Path(f"{spec['runs'][0]['out']}.bytes.rank{group.rank}.json").write_text(json.dumps(kept))
     distributed.close()
     return 0
 
 
-def _cli_calls(calls: list[dict]) -> int:
-    """`symmerge` command lines one after the other in the same processes; each rank records its exit
-    code and stderr. With `rank1_cwd` rank 1 runs in that folder, where relative inputs are missing."""
-    import contextlib
-    import io
-
-    from symmerge.cli import main
-
-    home, rank = os.getcwd(), int(os.environ["RANK"])
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # each command meets the other rank on a store of its own
-    for call in calls:
-        os.environ["MASTER_PORT"] = str(call["port"])
-        # both ranks start each command together: rank 0 may still be writing the last one's outputs, for
-        # longer than a rank waits to join (the process group's timeout)
-        Path(f"{call['log']}.start{rank}").touch()
-        while not Path(f"{call['log']}.start{1 - rank}").exists():
-            time.sleep(0.05)
-        os.chdir(call.get("rank1_cwd") or home if rank == 1 else home)
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            rc = main(call["argv"])
-        os.chdir(home)
-        Path(f"{call['log']}.rank{rank}.json").write_text(json.dumps({"rc": rc, "stderr": err.getvalue()}))
-    return 0
-
-
 # --- the tests -------------------------------------------------------------------------------------------
-
-
-def _env(**extra) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SYMMERGE_DIST_TIMEOUT": str(TIMEOUT_S),
-            "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
 
 
 def _launch(*target: str, timeout: float = 400, **extra) -> subprocess.CompletedProcess:
     """torchrun with 2 processes (gloo) on this file, with its arguments."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *target]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**extra))
+    cmd = torchrun("--standalone", "--nproc-per-node", "2", *target)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra))
 
 
-def _work(tmp: Path, dirs, runs: list[dict], name: str = "spec.json", **env) -> subprocess.CompletedProcess:
+def _work(tmp: Path, dirs, runs: list[dict], name: str = "spec.json", **extra) -> subprocess.CompletedProcess:
     spec = tmp / name
     spec.write_text(json.dumps({"a": str(dirs[0]), "b": str(dirs[1]), "runs": runs}))
-    return _launch(__file__, str(spec), **env)
-
-
-def _load(path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(path))
-
-
-def _rel(x: dict, y: dict) -> float:
-    """Largest relative distance over floating tensors; integer tensors (permutations) must be equal."""
-    assert x.keys() == y.keys()
-    for k in x:
-        if not x[k].is_floating_point():
-            assert torch.equal(x[k], y[k]), k
-    return max(float((x[k] - y[k]).norm() / y[k].norm().clamp_min(1e-30)) for k in x if x[k].is_floating_point())
-
-
-CHARS = "".join(chr(c) for c in range(65, 125))  # 60 characters: with <unk>, the tiny GPT-2s' 61 tokens
+    return _launch(__file__, str(spec), **extra)
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    """The tiny GPT-2 pair, with a character tokenizer (for the command line), and a text file."""
-    from factories import make_model, save_model
-    from symmerge.tokenizers import char_tokenizer
-
-    d = tmp_path_factory.mktemp("dist-pair")
-    tok = char_tokenizer(CHARS)
-    out = save_model(make_model("gpt2", 0), d / "a"), save_model(make_model("gpt2", 1), d / "b")
-    for path in out:
-        tok.save_pretrained(path)
-    ids = torch.randint(0, len(CHARS), (6000,), generator=torch.Generator().manual_seed(0))
-    (d / "text.txt").write_text("".join(CHARS[i] for i in ids))
-    return out
+def dirs(dist_pair):
+    return dist_pair
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +122,8 @@ def launched(dirs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist-runs")
     runs = [{"method": "learned", "ckpt": str(tmp / "learned.state"), "out": str(tmp / "learned")},
             {"method": "dual", "ckpt": str(tmp / "dual.state"), "out": str(tmp / "dual")},
-            {"method": "learned", "ckpt": str(tmp / "learned-sharded.state"), "out": str(tmp / "learned-sharded"), "shard": True},
-            {"method": "dual", "ckpt": str(tmp / "dual-sharded.state"), "out": str(tmp / "dual-sharded"), "shard": True},
+            {"method": "learned", "ckpt": str(tmp / "learned-sharded.state"), "out": str(tmp / "learned-sharded"), "shard": 2},
+            {"method": "dual", "ckpt": str(tmp / "dual-sharded.state"), "out": str(tmp / "dual-sharded"), "shard": 2},
             {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "cut"), "stop_at": 3},
             {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "resumed"), "resume": True},
             {"method": "learned", "ckpt": str(tmp / "learned.state"), "ckpt_rank1": str(tmp / "nowhere"),
@@ -210,12 +148,12 @@ def test_two_processes_take_the_single_process_step(dirs, launched, tmp_path, me
     train, val = _train_val()
     run, kind = method, method.split("-")[0]
     single = learn(a, b, train, val, _config(kind), init=_init(b, kind), checkpoint=tmp_path / "state")
-    ranks = [_load(launched / f"{run}.rank{r}.safetensors") for r in (0, 1)]
+    ranks = [load(launched / f"{run}.rank{r}.safetensors") for r in (0, 1)]
     for k in ranks[0]:  # every rank holds the same element, bit for bit
         assert torch.equal(ranks[0][k], ranks[1][k]), k
-    assert _rel(ranks[0], _flat(single)) < 1e-5
+    assert rel(ranks[0], _flat(single)) < 1e-5
     # the group parameters and Adam's moments after the last step (the checkpoint rank 0 wrote)
-    assert _rel(_load(launched / f"{run}.state" / "state.safetensors"), _load(tmp_path / "state" / "state.safetensors")) < 1e-5
+    assert rel(load(launched / f"{run}.state" / "state.safetensors"), load(tmp_path / "state" / "state.safetensors")) < 1e-5
     history = json.loads((launched / f"{run}.history.json").read_text())
     assert [h["step"] for h in history] == [h["step"] for h in single.report["history"]]
     for h, s in zip(history, single.report["history"]):
@@ -223,9 +161,9 @@ def test_two_processes_take_the_single_process_step(dirs, launched, tmp_path, me
     # negative control: the first rank's rows alone (no all-reduce) take another step
     half = [{k: v[:2] for k, v in batch.items()} for batch in train]
     alone = learn(a, b, half, val, _config(kind), init=_init(b, kind))
-    assert _rel(ranks[0], _flat(alone)) > 1e-3
+    assert rel(ranks[0], _flat(alone)) > 1e-3
     if run.endswith("sharded"):  # the data-parallel run, bit for bit: a gather moves bytes
-        for k, v in _load(launched / f"{kind}.rank0.safetensors").items():
+        for k, v in load(launched / f"{kind}.rank0.safetensors").items():
             assert torch.equal(v, ranks[0][k]), k
 
 
@@ -238,12 +176,12 @@ def test_sharded_endpoints_keep_half_on_each_rank(launched):
 def test_resume_under_torchrun_equals_uninterrupted(launched):
     """Stopped at step 3 (rank 0 wrote the checkpoint), resumed by both ranks: bitwise the uninterrupted run."""
     assert not list(launched.glob("cut.rank*"))  # the cut run stopped (Interrupted) before it returned
-    whole, resumed = _load(launched / "learned.rank0.safetensors"), _load(launched / "resumed.rank0.safetensors")
+    whole, resumed = load(launched / "learned.rank0.safetensors"), load(launched / "resumed.rank0.safetensors")
     for k in whole:
         assert torch.equal(whole[k], resumed[k]), k
     assert (launched / "resumed.history.json").read_text() == (launched / "learned.history.json").read_text()
-    for k, v in _load(launched / "learned.state" / "state.safetensors").items():
-        assert torch.equal(v, _load(launched / "cut.state" / "state.safetensors")[k]), k
+    for k, v in load(launched / "learned.state" / "state.safetensors").items():
+        assert torch.equal(v, load(launched / "cut.state" / "state.safetensors")[k]), k
 
 
 def test_a_rank_without_the_checkpoint_stops_every_rank(launched):
@@ -270,49 +208,23 @@ def test_a_rank_that_dies_or_hangs_ends_the_others(dirs, tmp_path, fault):
     assert "SYMMERGE_DIST_TIMEOUT=5s" in error
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _align(a, b, out, *extra) -> list[str]:
-    return ["align", str(a), str(b), "-o", str(out), "--method", "dual", "--data", str(Path(a).parent / "text.txt"),
-            "--steps", "4", "--eval-every", "4", "--val-points", "3", "--lr", "0.05", "--batch-size", "4",
-            "--max-batches", "3", "--val-batches", "2", *extra]
-
-
-def test_align_under_torchrun(dirs, tmp_path):
+def test_align_under_torchrun(dirs, one_process, half_rows, tmp_path):
     """`python -m symmerge align --method dual` in 2 processes writes what one process writes (rank 0
     alone writes); a batch the ranks cannot share, and a rank without the input checkpoints, are refused
     with one line on rank 0, exit != 0 on every rank, nothing written."""
-    from symmerge.cli import main
-
     root, empty = dirs[0].parent, tmp_path / "empty"
     empty.mkdir()
-    calls = [{"argv": _align(*dirs, tmp_path / "two", "--json", str(tmp_path / "two.json")), "log": str(tmp_path / "ok")},
-             {"argv": _align(*dirs, tmp_path / "odd", "--batch-size", "3"), "log": str(tmp_path / "odd")},
-             {"argv": _align("a", "b", tmp_path / "lost"), "log": str(tmp_path / "lost"), "rank1_cwd": str(empty)}]
-    for call in calls:
-        call["port"] = _free_port()
-    spec = tmp_path / "calls.json"
-    spec.write_text(json.dumps(calls))
+    calls = [{"argv": align(*dirs, tmp_path / "two", "--json", str(tmp_path / "two.json")), "log": str(tmp_path / "ok")},
+             {"argv": align(*dirs, tmp_path / "odd", "--batch-size", "3"), "log": str(tmp_path / "odd")},
+             {"argv": align("a", "b", tmp_path / "lost"), "log": str(tmp_path / "lost"), "rank1_cwd": str(empty)}]
     before = sorted(p.name for p in root.iterdir())
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           __file__, "--cli", str(spec)], capture_output=True, text=True, timeout=400, cwd=root,
-                          env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    logs = {c["log"]: [json.loads(Path(f"{c['log']}.rank{r}.json").read_text()) for r in (0, 1)] for c in calls}
-    ok, odd, lost = logs.values()
+    proc, (ok, odd, lost) = launch_cli(calls, root)
     assert [x["rc"] for x in ok] == [0, 0], ok
     assert proc.stdout.count("wrote ") == 1, proc.stdout
-    assert main(_align(*dirs, tmp_path / "one", "--json", str(tmp_path / "one.json"))) == 0
-    for side in ("A", "B"):
-        assert _rel(_load(tmp_path / "two" / side / "model.safetensors"), _load(tmp_path / "one" / side / "model.safetensors")) < 1e-5
-    two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
-    assert two["history"][-1]["losses"] == pytest.approx(one["history"][-1]["losses"], rel=1e-5)
+    assert outputs_rel(tmp_path / "two", one_process / "out") < 1e-5
+    one = last_losses(one_process / "out.json")
+    assert last_losses(tmp_path / "two.json") == pytest.approx(one, rel=1e-5)
+    assert last_losses(half_rows / "out.json") != pytest.approx(one, rel=1e-3)  # negative control: half the rows
     assert not (tmp_path / "two.learn-state").exists()
     for log, words in ((odd, "which the 2 processes cannot share evenly"), (lost, "rank 1: ")):
         assert [x["rc"] for x in log] == [2, 2], log
@@ -343,17 +255,15 @@ def test_merge_of_three_under_torchrun_takes_the_single_process_steps(dirs, tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote ") == 1, proc.stdout
     assert main(merge(tmp_path / "one", *learned, "--json", str(tmp_path / "one.json"))) == 0
-    two, one = _load(tmp_path / "two" / "model.safetensors"), _load(tmp_path / "one" / "model.safetensors")
-    assert _rel(two, one) < 1e-5
+    two, one = load(tmp_path / "two" / "model.safetensors"), load(tmp_path / "one" / "model.safetensors")
+    assert rel(two, one) < 1e-5
     r2, r1 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
     assert [h["objective"] for h in r2["history"]] == pytest.approx([h["objective"] for h in r1["history"]], rel=1e-5)
     assert not (tmp_path / "two.learn-state").exists()
     assert main(merge(tmp_path / "weight")) == 0
-    assert _rel(_load(tmp_path / "weight" / "model.safetensors"), one) > 1e-4
+    assert rel(load(tmp_path / "weight" / "model.safetensors"), one) > 1e-4
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
-    if sys.argv[1] == "--cli":
-        sys.exit(_cli_calls(json.loads(Path(sys.argv[2]).read_text())))
     sys.exit(_worker(json.loads(Path(sys.argv[1]).read_text())))

@@ -77,10 +77,25 @@ class Group:
     """This process's place among the ranks (`rank` of `world`) and the collectives the learning loop
     uses. Alone (`world == 1`) every method is the identity, so a single process runs unchanged."""
 
-    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, shard: bool = False):
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, shard: int = 0):
         self.rank, self.world = rank, world
         self.device = torch.device("cpu") if device is None else device  # where collectives run
-        self.shard = shard  # endpoints split over the ranks (`match/sharded.py`) rather than whole on each
+        #: the processes each endpoint is sharded over (`match/sharded.py`; a divisor of `world`), 0: whole on each
+        self.shard = shard
+        self._meshes: dict = {}
+
+    def mesh(self):
+        """The device mesh FSDP2 shards the endpoints over: 1-D over every process when `shard` is `world`,
+        else (world / shard, shard), named ("replicate", "shard"): consecutive ranks share one copy (ranks
+        on one node, when torchrun numbers them node by node), replicated across the groups. Every rank must
+        call it (building a 2-D mesh makes process groups, a collective)."""
+        if self.shard not in self._meshes:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            k = self.shard
+            shape, names = ((k,), ("shard",)) if k == self.world else ((self.world // k, k), ("replicate", "shard"))
+            self._meshes[k] = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._meshes[self.shard]
 
     @property
     def main(self) -> bool:
@@ -223,12 +238,27 @@ def current() -> Group:
     return _current
 
 
-def init(device=None, shard: bool = False) -> Group:
+def shard_size(shard: int | None, world: int) -> int:
+    """The processes each endpoint is sharded over for `--shard-endpoints [K]`: None (not given) 0, none;
+    0 (given without K) every process; K, which must divide the processes (the mesh is world/K x K)."""
+    if shard is None:
+        return 0
+    if shard < 0:
+        raise SymmergeError(f"--shard-endpoints {shard}: give a positive number of processes per shard group")
+    if shard and world % shard:
+        raise SymmergeError(f"--shard-endpoints {shard}: a mesh of groups of {shard} processes does not divide the "
+                            f"{world} process{'es' if world > 1 else ''} started; give a divisor of {world}, or no "
+                            "number to shard over every process")
+    return shard or world
+
+
+def init(device=None, shard: int | None = None) -> Group:
     """Join torchrun's process group (once); alone, `SOLO`. `device`: the run's --device ("cpu", "cuda",
     None for its default); "cuda" means `cuda:LOCAL_RANK`, made the current GPU, so that every later
-    "cuda" (`devices.resolve`) is this rank's own. `shard`: split the endpoints over the ranks (`match/sharded.py`).
-    Returns the group with the rank's device."""
+    "cuda" (`devices.resolve`) is this rank's own. `shard`: --shard-endpoints (`shard_size`: checked here,
+    before the ranks join, so that every rank refuses it alike). Returns the group with the rank's device."""
     global _current
+    size = shard_size(shard, int(os.environ.get("WORLD_SIZE", "1")))
     if not launched():
         return SOLO
     if _current is not SOLO:
@@ -249,7 +279,7 @@ def init(device=None, shard: bool = False) -> Group:
         dist.init_process_group(backend, timeout=timeout(), device_id=dev if dev.type == "cuda" else None)
     except (RuntimeError, ValueError, dist.DistError) as e:
         raise SymmergeError(f"cannot join the other processes ({backend}): {_first_line(e)}") from None
-    _current = Group(dist.get_rank(), dist.get_world_size(), dev, shard)
+    _current = Group(dist.get_rank(), dist.get_world_size(), dev, size)
     return _current
 
 

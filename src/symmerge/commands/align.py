@@ -39,8 +39,9 @@ def register(sub) -> None:
         add_option(sections.get(section_of(opt.name)), opt, opt.help)
     learn = sections.get(LEARNED)
     learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
-    learn.add_argument("--shard-endpoints", action="store_true", help="under torchrun: each process keeps 1/N of the "
-                       "frozen endpoints (for models that do not fit one device)")
+    learn.add_argument("--shard-endpoints", type=int, nargs="?", const=0, default=None, metavar="K",
+                       help="under torchrun: FSDP2 shards the frozen endpoints, each process keeping 1/N of them (1/K "
+                       "with K: over groups of K processes, replicated across groups; K divides N)")
     devices.add_arguments(sections.get(DEVICE), "learned/dual's forward and weight matching's products",
                           dtype_help="working precision of the forward (default: the checkpoint's own dtype)")
     p.set_defaults(run=run, checkpoints=("a", "b"), spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes

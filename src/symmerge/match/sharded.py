@@ -1,35 +1,45 @@
-"""Sharded endpoints for learned / dual matching under torchrun: each rank keeps 1/N of every part of
-the frozen endpoints, and a part is all-gathered when the block-wise forward asks for it.
+"""Sharded endpoints for learned / dual matching under torchrun, on PyTorch's FSDP2
+(`torch.distributed.fsdp.fully_shard`): each rank keeps 1/N of every part of the frozen endpoints.
 
-`Sharded` stands in for `blockwise.Frozen` (same `part(key)`): at construction every rank reads each
-part (embeddings, one block, final norm and head; `model.part_keys`) one at a time, moves it by the
-fixed element if asked (dual: the absorbed weight-matching solution), flattens its tensors in the
-checkpoint's dtype into one vector padded to a multiple of N, and keeps only its own contiguous 1/N
-of it on its device. `part(key)` all-gathers that one vector (one collective per part, the layout of
-FSDP2's `fully_shard` per block: parameters sharded on a 1-D mesh, gathered for one block's forward
-and again for its recomputation in the backward) and returns views of the full tensors. 0-dim tensors
-(`norm.eps`) are kept whole on every rank.
+`Sharded` stands in for `blockwise.Frozen` (same `part(key)`, `read(keys)`, `nbytes()`): at construction
+every rank reads each part (embeddings, one block, final norm and head; `model.part_keys`) one at a time,
+moves it by the fixed element if asked (dual: the absorbed weight-matching solution), and hands its
+tensors, in the kept dtype, to `fully_shard` as the frozen parameters of one module (`_Part`) over the
+run's device mesh (`distributed.Group.mesh`: 1-D over every process, or replicate x shard with
+`--shard-endpoints K`). FSDP2 keeps this rank's slice of each tensor (a `DTensor`, on the axis the mesh's
+shard size divides, the largest such, else axis 0 padded) and frees the rest. `part(key)` all-gathers that
+one module (`FSDPModule.unshard`), copies its tensors out, reshards it, and starts the all-gather of the
+part the forward will ask for next (`unshard(async_op=True)`: block i+1 in the forward, i-1 in the
+backward's recomputation, block 0 after the embeddings), so a block's gather overlaps the previous block's
+compute. The blockwise forward asks for one block in its forward and again in its recomputation (the
+checkpointed backward), so a block is gathered twice a step, as FSDP2 gathers a block with
+`reshard_after_forward`. 0-dim tensors (`norm.eps`) are kept whole on every rank, in float64.
 
-The endpoints are frozen, so nothing flows back through the gather; the group parameters are outside
-the sharding, replicated, and their gradients summed by `distributed.Group.sync` like data-parallel
-ones (FSDP would not synchronise parameters it does not own). Every rank must ask for the same parts in
-the same order: the forward, the checkpointed recomputation in the backward and the validation curve
-do, since every rank runs the same steps on the same model (only the rows differ).
+The copy out is what FSDP2's resharding cannot do: it frees the gathered storage whatever still refers to
+it, and autograd may keep a part's tensors past the next part (the ends' materialisation, a block's weights
+with recompute="weights"); the copies live as long as something refers to them, as `Frozen`'s tensors do.
+
+The endpoints are frozen, so nothing flows back through the gather and FSDP2's backward machinery (its
+reduce-scatter) never runs; the group parameters are outside the sharding, replicated, and their gradients
+summed by `distributed.Group.sync` like data-parallel ones. Every rank must ask for the same parts in the
+same order (the all-gathers are collectives, and so are the prefetches decided from that order): the
+forward, the recomputation and the validation curve do, since every rank runs the same steps on the same
+model (only the rows differ).
 
 Invariant: `part(key)` equals `Frozen.part(key)` bit for bit (a gather moves bytes), so a sharded run
-takes exactly the data-parallel run's steps (tests/test_distributed.py). Memory per rank: 1/N of the
-endpoints plus the parts in flight; time: one all-gather per part and pass.
+takes exactly the data-parallel run's steps (tests/test_distributed.py, tests/test_fsdp.py). Memory per
+rank: 1/K of the endpoints (K the shard size; padding: under one row of a tensor per rank) plus the parts
+in flight (the one in use, its copy, the one prefetched).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from torch import nn
 
 from .. import distributed
 from ..model import part_keys
-from .blockwise import Frozen, reader_of
+from .blockwise import Frozen, _large_frees_to_the_os, reader_of
 
 
 def frozen(source, device=None, transform=None):
@@ -42,51 +52,103 @@ def frozen(source, device=None, transform=None):
     return Frozen(source, device, transform, keys=())
 
 
+def scalars(store, key) -> dict[str, torch.Tensor]:
+    """The 0-dim tensors (`norm.eps`) of part `key` of a frozen store, without gathering a sharded part."""
+    if isinstance(store, Sharded):
+        return dict(store.scalar[key])
+    return {k: v for k, v in store.part(key).items() if v.dim() == 0}
+
+
+class _Part(nn.Module):
+    """One part's tensors as frozen parameters: the module FSDP2 shards."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        super().__init__()
+        self.tensors = nn.ParameterList([nn.Parameter(t, requires_grad=False) for t in tensors])
+
+
+def _placement(size: int):
+    """FSDP2's placement of a tensor over `size` shards: its largest axis that `size` divides (FSDP2 pads
+    axis 0 only), else axis 0, padded."""
+    from torch.distributed.tensor import Shard
+
+    def place(p: torch.Tensor):
+        axes = [i for i in range(p.dim()) if i == 0 or p.shape[i] % size == 0]
+        return Shard(max(axes, key=lambda i: (p.shape[i], -i)))
+
+    return place
+
+
 class Sharded:
-    """One endpoint's frozen tensors split over the ranks of `group` (see the module docstring)."""
+    """One endpoint's frozen tensors sharded over the ranks of `group` by FSDP2 (see the module docstring)."""
 
     def __init__(self, source, group, device=None, transform=None, dtype=None, keys=None):
+        _large_frees_to_the_os()  # each part's whole transient, freed once sharded, must not stay resident
         self.shape, self.spec, self.group = source.shape, source.spec, group
         self.dtype = dtype or source.dtype
-        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.device = group.device if device is None else torch.device(device)
         self.reader = reader_of(source, self.dtype)
         self.transform = transform
-        self.shards, self.layouts, self.scalars = {}, {}, {}
+        self.modules, self.names, self.scalar = {}, {}, {}
+        self.pending: dict = {}  # key -> the handle of its prefetched all-gather
+        self.last = None  # the part asked for last (the direction of the next prefetch)
+        self.prefetched = 0  # parts served by a prefetch (for checks)
         self.read(part_keys(self.shape) if keys is None else keys)
 
     def read(self, keys) -> None:
-        group = self.group
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.group.mesh()
         for key in keys:
             part = self.reader.part(key)
             if self.transform is not None:
                 part = self.transform(part)
-            self.scalars[key] = {k: v.detach().to(torch.float64) for k, v in part.items() if v.dim() == 0}
-            tensors = {k: v.detach() for k, v in part.items() if v.dim() > 0}
-            self.layouts[key] = [(k, v.shape) for k, v in tensors.items()]
-            flat = torch.cat([v.reshape(-1).to(self.dtype) for v in tensors.values()])
-            flat = F.pad(flat, (0, (-flat.numel()) % group.world))
-            n = flat.numel() // group.world
-            self.shards[key] = flat[group.rank * n:(group.rank + 1) * n].clone().to(self.device)
-            del part, tensors, flat
+            self.scalar[key] = {k: v.detach().to(torch.float64) for k, v in part.items() if v.dim() == 0}
+            tensors = {k: v.detach().to(self.dtype).contiguous() for k, v in part.items() if v.dim() > 0}
+            del part
+            self.names[key] = list(tensors)
+            module = _Part(list(tensors.values()))
+            del tensors  # FSDP2 keeps this rank's slices; the whole tensors go with the last reference
+            self.modules[key] = fully_shard(module, mesh=mesh, shard_placement_fn=_placement(mesh.size(-1)))
 
     def part(self, key) -> dict[str, torch.Tensor]:
-        shard = self.shards[key]
-        full = torch.empty(shard.numel() * self.group.world, dtype=shard.dtype, device=self.group.device)
-        local = shard.to(self.group.device)
-        self.group.collective(f"the all-gather of part {key}", lambda: dist.all_gather_into_tensor(full, local))
-        full = full.to(self.device)
-        out, at = {}, 0
-        for k, shape in self.layouts[key]:
-            n = shape.numel()
-            out[k] = full[at:at + n].view(shape)
-            at += n
-        out.update(self.scalars[key])
+        module = self.modules[key]
+        handle = self.pending.pop(key, None)
+        if handle is None:
+            self.group.collective(f"the all-gather of part {key}", module.unshard)
+        else:
+            self.group.collective(f"the prefetched all-gather of part {key}", handle.wait)
+            self.prefetched += 1
+        out = {k: p.detach().to(self.device, copy=True) for k, p in zip(self.names[key], module.tensors)}
+        module.reshard()
+        self._prefetch(key)
+        out.update(self.scalar[key])
         return out
+
+    def _prefetch(self, key) -> None:
+        """Start the all-gather of the block after `key` in the direction the parts are being asked for."""
+        last, self.last = self.last, key
+        if key == "embed":
+            nxt = 0
+        elif isinstance(key, int):
+            backward = last == "final" or last == key + 1
+            nxt = key - 1 if backward else key + 1
+        else:
+            return
+        if 0 <= nxt < self.shape.n_layers and nxt not in self.pending and nxt in self.modules:
+            module = self.modules[nxt]
+            self.group.collective(f"the prefetch of part {nxt}",
+                                  lambda: self.pending.__setitem__(nxt, module.unshard(async_op=True)))
 
     def params(self) -> dict[str, torch.Tensor]:
         """Every part whole (gathered; for checks)."""
-        return {k: v for key in self.shards for k, v in self.part(key).items()}
+        return {k: v for key in self.modules for k, v in self.part(key).items()}
 
     def nbytes(self) -> int:
-        """The bytes this rank keeps."""
-        return sum(s.numel() * s.element_size() for s in self.shards.values())
+        """The bytes this rank keeps: its slices (with FSDP2's padding) and the scalars."""
+        storages = {}
+        for module in self.modules.values():
+            for p in module.parameters():
+                s = p.to_local().untyped_storage()
+                storages[s.data_ptr()] = s.nbytes()
+        return sum(storages.values()) + sum(8 * len(s) for s in self.scalar.values())
