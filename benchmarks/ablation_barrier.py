@@ -4,7 +4,7 @@ and activation matching, for one independently trained pair.
     PYTHONPATH=src python benchmarks/ablation_barrier.py A B DATA [--batch-size 8] [--max-batches 8]
 
 Weight matching runs over every family but the residual scale (the CLI default; see
-commands/align.py) unless a row says otherwise; a model with SwiGLU (a `glu_scale` family) gets a
+pair.py) unless a row says otherwise; a model with SwiGLU (a `glu_scale` family) gets a
 "GLU scaling off" row too. The barrier is the 11-point test-loss barrier of
 `symmerge.barrier.barrier` on the same test batches for every row.
 """

@@ -141,8 +141,8 @@ def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str], phas
 
 #: (module, attribute, label) of the command's phases that `--phases` wraps
 PHASES = [
-    ("symmerge.commands.align", "_data", "data"),
-    ("symmerge.commands.align", "_load_pair", "open checkpoints"),
+    ("symmerge.pair", "batches_for", "data"),
+    ("symmerge.pair", "load_pair", "open checkpoints"),
     ("symmerge.match.registry", "weight_match", "weight matching"),
     ("symmerge.match.learned", "Learner", "learner build"),
     ("symmerge.match.learned", "make_plan", "plan (validation size, lr)"),

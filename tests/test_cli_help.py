@@ -99,8 +99,8 @@ def test_an_option_outside_the_sections_or_a_long_help_is_caught():
 
 def test_every_matcher_option_lands_in_its_method_section():
     from symmerge.commands.help_sections import DATA, LEARNED, MATCHING, WEIGHT, section_of
-    from symmerge.match import registry
+    from symmerge.commands.option_flags import option_fields
 
     assert section_of("precision") == MATCHING and section_of("batch_size") == DATA
     assert section_of("sweep_workers") == WEIGHT and section_of("lr") == LEARNED
-    assert {section_of(o) for o in registry.OPTIONS} == {MATCHING, DATA, WEIGHT, LEARNED}
+    assert {section_of(o) for o in option_fields()} == {MATCHING, DATA, WEIGHT, LEARNED}

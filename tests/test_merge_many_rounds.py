@@ -18,6 +18,7 @@ from symmerge.elements import random_element
 from symmerge.match import many as many_mod
 from symmerge.match import registry
 from symmerge.match.many import ROUND_TOL, objective, weight_match_many
+from symmerge.match.options import ManyOptions
 from symmerge.match.part_cache import PartCache
 from symmerge.model import LazyModel, load_model, part_keys
 
@@ -138,7 +139,7 @@ def test_stop_rule_and_its_default(gpt2s):
     assert len(h) == 3 and capped.converged == (h[-1] - h[-2] <= 0.0)
     for fn in (weight_match_many, many_mod.activation_match_many, many_mod.rounds):
         assert inspect.signature(fn).parameters["tol"].default == ROUND_TOL, fn.__name__
-    assert registry.MANY_OPTIONS["round_tol"].default == ROUND_TOL
+    assert ManyOptions().round_tol == ROUND_TOL
     assert 0 < ROUND_TOL < 1e-2
     assert registry.many_options_for("weight")["round_tol"] == ROUND_TOL
     assert registry.many_options_for("weight", {"round_tol": 1e-3})["round_tol"] == 1e-3

@@ -2,6 +2,8 @@
 
 - "Merge two models": the shell block, every `symmerge` line through `cli.main` (comments dropped),
   then the Python block exactly as printed, both in an empty folder (their relative `runs/...` paths);
+- every ```python block of the README is run: "Merge two models" here, "Many models" by
+  tests/test_merge_many.py on stand-in models (a new block needs a test);
 - the README's figures (`benchmarks/readme_figures.py`, the registry): every result-like number of README.md
   is registered (a figure with its source, or a number that is no result, with the reason); each
   `benchmark` figure equals, at its printed precision, the result cell it names in benchmarks/results/ (a
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -47,14 +50,29 @@ def test_merge_two_models_recipe_and_python_example_run_as_written(tmp_path, mon
         assert main(argv[1:]) == 0, argv
     assert (tmp_path / "runs/pair-mid/model.safetensors").is_file() and (tmp_path / "align.json").is_file()
     (python,) = blocks("### Merge two models", "python")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(python, "README.md (Merge two models)", "exec"), {"__name__": "readme"})
-    printed = re.findall(r"^(plain averaging|weight matching) loss barrier (\d+\.\d+)$", out.getvalue(), re.M)
-    assert [p[0] for p in printed] == ["plain averaging", "weight matching"], out.getvalue()
+    out = _run(python, "Merge two models")
+    printed = re.findall(r"^(plain averaging|weight matching) loss barrier (-?\d+\.\d+)$", out, re.M)
+    assert [p[0] for p in printed] == ["plain averaging", "weight matching"], out
+    report = json.loads((tmp_path / "runs/api-align.json").read_text())  # the saved report, as --json writes it
+    assert report["command"] == "align" and report["method"] == "weight" and len(report["objective"]) > 1
     from transformers import ViTForImageClassification
 
     ViTForImageClassification.from_pretrained(str(tmp_path / "runs/api-mid"))  # a stock checkpoint
+
+
+def _run(python: str, where: str) -> str:
+    """A README Python block executed as written; what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(python, f"README.md ({where})", "exec"), {"__name__": "readme"})
+    return out.getvalue()
+
+
+def test_every_python_block_is_run():
+    """The README's Python examples are the two blocks the tests run (this module's "Merge two models";
+    "Many models": tests/test_merge_many.py::test_readme_python_example_runs)."""
+    assert len(re.findall(r"```python\n", README)) == 2
+    assert blocks("### Merge two models", "python") and blocks("### Many models", "python")
 
 
 def test_every_result_number_in_the_readme_is_registered():

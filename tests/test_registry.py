@@ -1,5 +1,5 @@
-"""The matcher registry and the JSON report schema: one set of defaults, read by the CLI, the library
-configuration and the demo; every report stamped the same way. No model is trained here."""
+"""The matcher registry, the options classes and the JSON report schema: one set of defaults, read by the
+CLI, the library configuration and the demo; every report stamped the same way. No model is trained here."""
 
 from __future__ import annotations
 
@@ -11,36 +11,43 @@ from factories import ARCHS, make_config
 from symmerge import SymmergeError, __version__
 from symmerge.adapters import adapter_for
 from symmerge.cli import build_parser
+from symmerge.commands.option_flags import option_fields, users
+from symmerge.match import options as opt
 from symmerge.match import registry
 from symmerge.match.learn_config import DEFAULT_LR, RECIPES, LearnConfig
 from symmerge.report import SCHEMA_VERSION, dumps, stamped
 from symmerge.spec import build_spec
 
 
-def test_align_parser_defaults_are_the_registry_defaults():
-    """Every option's argparse default is the registry's (None where it differs by method or recipe,
-    filled in by `options_for`); `options_for` gives learned/dual the full recipe (the `LearnConfig`
-    defaults), or the quick one, and activation matching its own data defaults."""
+def test_align_parser_defaults_are_the_options_defaults():
+    """Every option's argparse default is its options class's (None where it differs by method or recipe,
+    filled in by `Options.resolved`; --recipe: the pair's recipe); `options_for` gives learned/dual the full
+    recipe (the `LearnConfig` defaults), or the quick one, and activation matching its own data defaults."""
     args = build_parser().parse_args(["align", "a", "b", "-o", "out"])
-    for name, opt in registry.OPTIONS.items():
-        expected = None if isinstance(opt.default, (dict, registry.FromRecipe)) else opt.default
+    for name, f in option_fields().items():
+        per = {registry.get(m).options().default_for(name, r) for m in users(name) for r in RECIPES}
+        expected = (opt.PAIR_RECIPE if name == "recipe" else
+                    f.default if len(per) == 1 and not any(registry.get(m).options.__dataclass_fields__[name]
+                                                           .metadata["recipe"] for m in users(name)) else None)
         assert getattr(args, name) == expected, name
     fields = {"steps": "steps", "epochs": "epochs", "lr": "lr", "lam_range": "lam_range",
               "val_points": "grid_points", "eval_every": "eval_every", "val_batches": "val_batches"}
     for method in ("learned", "dual"):
         opts = registry.options_for(method, vars(args))
         assert opts["recipe"] == "full" and opts["lr"] == "auto" and opts["max_batches"] is None
-        for opt, field in fields.items():
-            assert opts[opt] == getattr(LearnConfig(method=method), field), opt
-        assert opts["max_iters"] == registry.OPTIONS["max_iters"].default  # the weight matching it starts from
+        for name, field in fields.items():
+            assert opts[name] == getattr(LearnConfig(method=method), field), name
+        assert opts["max_iters"] == opt.WeightOptions().max_iters  # the weight matching it starts from
         quick = registry.options_for(method, {"recipe": "quick"})
         assert quick["lr"] == DEFAULT_LR[method] and quick["steps"] == RECIPES["quick"]["steps"] == 200
         assert (quick["batch_size"], quick["max_batches"], quick["epochs"]) == (8, 8, None)
+        assert registry.many_options_for(method)["recipe"] == opt.MANY_RECIPE == "quick"  # merge's recipe
     assert {k: registry.options_for("activation", vars(args))[k] for k in ("batch_size", "max_batches")} == {
         "batch_size": 8, "max_batches": 8}
     given = build_parser().parse_args(["align", "a", "b", "-o", "out", "--lr", "0.3", "--lam-range", "0.2,0.7"])
     opts = registry.options_for("dual", vars(given))
     assert opts["lr"] == 0.3 and opts["lam_range"] == (0.2, 0.7)
+    assert registry.options_for("dual", opt.DualOptions(lr=0.3, lam_range=(0.2, 0.7))) == opts  # typed, the same
 
 
 def test_an_explicit_length_drops_the_recipes_other():
@@ -48,9 +55,32 @@ def test_an_explicit_length_drops_the_recipes_other():
     assert registry.options_for("dual", {"steps": 50})["epochs"] is None
     opts = registry.options_for("dual", {"recipe": "quick", "epochs": 2.0})
     assert (opts["steps"], opts["epochs"]) == (None, 2.0)
-    registry.check("dual", None, opts)
     with pytest.raises(SymmergeError, match="give one of them"):
-        registry.check("dual", None, registry.options_for("dual", {"steps": 5, "epochs": 2.0}))
+        opt.DualOptions(steps=5, epochs=2.0)
+
+
+@pytest.mark.parametrize("cls, given, why", [
+    (opt.WeightOptions, {"max_iters": 0}, "at least 1"),
+    (opt.WeightOptions, {"max_iters": 2.5}, "not a whole number"),
+    (opt.WeightOptions, {"precision": "float16"}, "choose from float64, float32"),
+    (opt.WeightOptions, {"sweep_workers": True}, "not a int"),
+    (opt.ActivationOptions, {"batch_size": 0}, "at least 1"),
+    (opt.LearnedOptions, {"lr": -1.0}, "above 0"),
+    (opt.LearnedOptions, {"lam_range": (0.9, 0.1)}, "0 <= low <= high <= 1"),
+    (opt.LearnedOptions, {"lam_range": 0.5}, "not a tuple"),
+    (opt.DualOptions, {"val_points": 2}, "at least 3"),
+    (opt.DualOptions, {"recipe": "slow"}, "choose from full, quick"),
+    (opt.ManyOptions, {"order_seed": -1}, "not a seed"),
+])
+def test_options_are_checked_once_when_made(cls, given, why):
+    """Each options class refuses a bad value on one line naming the class and field; the defaults, None
+    (the default) and a list where a tuple belongs are taken (negative controls)."""
+    with pytest.raises(SymmergeError, match=why) as e:
+        cls(**given)
+    assert "\n" not in str(e.value)  # per field: "Class(field=value): why"; across fields: the CLI's words
+    name = next(iter(given))
+    assert getattr(cls(**{name: None}), name) == getattr(cls(), name)
+    assert opt.LearnedOptions(lam_range=[0.2, 0.7]).lam_range == (0.2, 0.7)
 
 
 def test_learn_config_takes_the_method_learning_rate():
@@ -61,18 +91,17 @@ def test_learn_config_takes_the_method_learning_rate():
 
 
 def test_every_matcher_is_complete():
-    """Each matcher names known options; one that starts from another starts from a registered one that
-    needs no more data than it does; an unknown name is refused."""
+    """Each matcher has an options class (its start's options among them); one that starts from another
+    starts from a registered one that needs no more data than it does; an unknown name is refused."""
     for m in registry.MATCHERS.values():
-        assert all(o in registry.OPTIONS for o in m.options), m.name
+        assert issubclass(m.options, opt.Options) and m.options.METHOD == m.name
         if m.starts_from:
             start = registry.get(m.starts_from)
             assert not start.needs_data or m.needs_data
+            assert issubclass(m.options, start.options)
         assert not m.validates or m.needs_data
     with pytest.raises(SymmergeError, match="unknown method"):
         registry.get("nope")
-    with pytest.raises(SymmergeError, match="grid points"):
-        registry.check("learned", None, registry.options_for("learned", {"val_points": 2}))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -13,7 +13,7 @@ from factories import example_inputs, logits, make_model
 from symmerge.apply import apply
 from symmerge.elements import random_element
 from symmerge.match.outputs import write_element
-from symmerge.model import LazyModel, load_model, save_model
+from symmerge.model import LazyModel, load_model
 from symmerge.stream import write_streaming
 
 

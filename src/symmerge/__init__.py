@@ -1,26 +1,26 @@
-"""symmerge: align and merge independently trained Transformers modulo their weight-space symmetries."""
+"""symmerge: align and merge independently trained Transformers modulo their weight-space symmetries.
 
-from importlib import metadata as _metadata
-from pathlib import Path as _Path
+`import symmerge` loads only this file, `errors` and `version`. The library (`symmerge.api`: one function
+per operation, typed options, results) is imported as `from symmerge import api`; its names that no
+submodule shares (`align`, `interpolate`, `transform`, `load`, the options and `Result`) are also
+exported here, loading `symmerge.api` on first use. `barrier`, `merge`, `expand` and `evaluate` are
+submodules of the package too, so their functions are reached as `api.barrier` and so on: an export of the
+same name would be replaced by the submodule as soon as that is imported.
+"""
 
+from .errors import SymmergeError
+from .version import __version__
 
-def _version() -> str:
-    """The version pyproject.toml states, the one source: read from the installed package's metadata, or,
-    for a source tree run without installing (`PYTHONPATH=src`), from the checkout's pyproject.toml."""
-    try:
-        return _metadata.version("symmerge")
-    except _metadata.PackageNotFoundError:
-        import tomllib
+#: the library names exported here (lazily, from symmerge.api)
+_API = ("align", "interpolate", "transform", "load", "Result", "Options", "WeightOptions", "ActivationOptions",
+        "LearnedOptions", "DualOptions", "ManyOptions")
 
-        pyproject = _Path(__file__).resolve().parents[2] / "pyproject.toml"
-        try:
-            return tomllib.loads(pyproject.read_text())["project"]["version"]
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            return "0+unknown"
-
-
-__version__ = _version()
+__all__ = ["SymmergeError", "__version__", *_API]
 
 
-class SymmergeError(Exception):
-    """An error caused by the user's input; the CLI prints its message on one line and exits 2."""
+def __getattr__(name: str):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'symmerge' has no attribute {name!r}")

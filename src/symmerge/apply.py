@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import SymmergeError
 from . import groups as G
+from .errors import SymmergeError
 from .spec import Action, Spec
 
 

@@ -18,7 +18,7 @@ import json
 import os
 import shlex
 
-from . import __version__
+from .version import __version__
 
 #: the record keys naming the operation's input checkpoints, per operation
 INPUTS = {"transform": ("source",), "align": ("a", "b"), "interpolate": ("a", "b"), "merge": ("models",),

@@ -14,7 +14,9 @@ import threading
 
 from safetensors import SafetensorError
 
-from . import SymmergeError, __version__, distributed, hub, provenance
+from . import distributed, hub, provenance
+from .errors import SymmergeError
+from .version import __version__
 
 #: modules under symmerge.commands, each with register(subparsers)
 COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import SymmergeError
+from .errors import SymmergeError
 from .images import SPLITS, is_image_source, load_images, preprocess, read_processor_config
 from .tokenizers import encode, load_tokenizer
 

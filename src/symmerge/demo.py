@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from . import SymmergeError
 from .apply import apply
 from .barrier import barrier
 from .data import load_batches
 from .devices import DTYPES, dtype_name
+from .errors import SymmergeError
 from .evaluate import StockForward
 from .match import registry
 from .model import Model, load_model

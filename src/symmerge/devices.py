@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 #: the --dtype choices (float64 is the algebra's precision, not a working precision)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -116,8 +116,13 @@ def check_dtype(device: torch.device, dtype: torch.dtype) -> None:
 def resolve(args) -> Placement:
     """The Placement of a command's --device and --dtype (absent flags: their defaults), checked: call it
     first in a command's run, before anything is read or written."""
-    device = resolve_device(getattr(args, "device", None))
-    name = getattr(args, "dtype", None)
+    return placement(getattr(args, "device", None), getattr(args, "dtype", None))
+
+
+def placement(device: str | None = None, name: str | None = None) -> Placement:
+    """The Placement of a device ("cpu", "cuda", "cuda:N"; None: cuda when a GPU is visible) and a working
+    dtype (a `DTYPES` name; None: the checkpoint's own), checked."""
+    device = resolve_device(device)
     if name is not None and name not in DTYPES:
         raise SymmergeError(f"--dtype must be one of {', '.join(DTYPES)}, not {name!r}")
     dtype = None if name is None else DTYPES[name]

@@ -34,7 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 TIMEOUT_ENV = "SYMMERGE_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from . import SymmergeError
 from .apply import apply
+from .errors import SymmergeError
 from .model import Model, build_hf_model, export_state_dict
 from .spec import SCALE
 

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from . import SymmergeError
 from .adapters import adapter_for
 from .canonical import POST_NORM
+from .errors import SymmergeError
 from .io import load_config, prepare_output
 from .model import LazyModel, Model, expected_tensors, part_keys
 from .rotary import Pairing

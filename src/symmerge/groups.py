@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import SymmergeError
 from . import kinds as K
 from . import kinds_signed as KS
+from .errors import SymmergeError
 from .kinds import DTYPE, _haar_orthogonal, ones_complement_basis, orthogonal_fixing_ones  # noqa: F401 (re-exported)
 from .rotary import Pairing
 

@@ -21,8 +21,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import SymmergeError
 from .envvars import flag
+from .errors import SymmergeError
 from .io import INDEX, SIDE_FILES
 
 #: the files fetched for an id: what `io.Checkpoint`, tokenizers and image processors read

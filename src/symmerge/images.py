@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 SPLITS = ("train", "validation", "test", "all")
 PREPROCESSOR = "preprocessor_config.json"

@@ -15,8 +15,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from . import SymmergeError
 from .atomic import AtomicFolder, AtomicFolders, clean_stale, remove_pending  # noqa: F401  (the writers' home)
+from .errors import SymmergeError
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"

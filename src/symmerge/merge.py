@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from . import SymmergeError
+from .errors import SymmergeError
 from .model import Model
 
 #: shape fields that may differ between two models that are still interpolable

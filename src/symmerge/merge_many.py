@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from . import SymmergeError, distributed
+from . import distributed
 from .apply import apply
+from .errors import SymmergeError
 from .io import AtomicFolders
 from .match import registry
 from .match.many import MeanParts
@@ -103,12 +104,11 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
                             f"choose from {', '.join(registry.many_methods())}")
     if matcher.needs_data and data is None:
         raise SymmergeError(f"merge --method {method} needs --data PATH (a data set to run the models on)")
-    opts = registry.many_options_for(method, opts)
+    opts = registry.many_options_for(method, opts)  # checked: `match.options`
     names = [str(p) for p in paths]
     models, ref = check_models([LazyModel(p, getattr(torch, opts.get("precision", "float64"))) for p in paths], names)
     families = models[0].spec.default_families() if families == "default" else families
     models[0].spec.select(families)  # unknown or absent families fail here, before any work
-    registry.check(method, families, opts)
     check_outputs(paths, [out, aligned], force)
     if start is not None and (start.method not in (method, matcher.starts_from) or len(start.elements) != len(models)):
         raise SymmergeError(f"merge --method {method}: the start given is a {start.method} alignment of "

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from . import SymmergeError
 from .adapters import adapter_for
 from .adapters.base import Adapter
+from .errors import SymmergeError
 from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write_weights
 from .provenance import write_metadata
 from .shape import ModelShape

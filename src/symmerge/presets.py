@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 ARCHS = ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "vit")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",

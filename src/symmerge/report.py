@@ -36,9 +36,10 @@ import json
 import math
 from pathlib import Path
 
-from . import SymmergeError, __version__
+from .errors import SymmergeError
 from .model import LazyModel
 from .spec import ROTATION
+from .version import __version__
 
 SCHEMA_VERSION = 1
 STAMPS = ("schema_version", "command", "symmerge_version")

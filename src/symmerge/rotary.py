@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import SymmergeError
+from .errors import SymmergeError
 from .kinds import DTYPE
 
 LAYOUTS = ("half", "interleaved")

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 #: how far from 1 the weights' sum may be (they are written in decimal on the command line)
 WEIGHT_SUM_TOL = 1e-6

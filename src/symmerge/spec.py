@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import astuple, dataclass, field, replace
 
-from . import SymmergeError
 from . import groups as G
+from .errors import SymmergeError
 from .families import (  # noqa: F401 (the spec's vocabulary, read through this module)
     EXPERT_PERM,
     FAMILIES,

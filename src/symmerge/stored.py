@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 #: a per-expert part, under its current (renamed) stock name
 _PART = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<j>\d+)\.(?P<part>[^.]+)\.weight$")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 KINDS = ("char", "bpe", "gpt2")
 UNK = "<unk>"

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from . import SymmergeError
 from .data import load_items, read_text
 from .devices import DTYPES, autocast
+from .errors import SymmergeError
 from .evaluate import model_inputs
 from .images import is_image_source, load_images, processor_config, write_processor_config
 from .io import AtomicFolder, clean_stale, prepare_output
@@ -237,7 +237,7 @@ def _step(model, opt, batch: dict, lr: float, clip: float, dtype: torch.dtype, s
     return float(loss.detach())
 
 
-def _loop(args, p, model, opt, items, state_dir, skeleton, info) -> dict:
+def _loop(args: TrainArgs, p, model, opt, items, state_dir, skeleton, info) -> dict:
     from .progress import tqdm
 
     steps, bs, lr0 = info["run"]["steps"], info["run"]["batch_size"], info["run"]["lr"]

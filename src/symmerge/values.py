@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from . import SymmergeError
+from .errors import SymmergeError
 
 
 def finite_float(text: str) -> float:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .. import SymmergeError
+from ..errors import SymmergeError
 from .base import Adapter
+from .experts import MixtralAdapter, OlmoeAdapter, Qwen3MoeAdapter
 from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
-from .experts import MixtralAdapter, OlmoeAdapter, Qwen3MoeAdapter
 from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter
 from .phi3 import Phi3Adapter

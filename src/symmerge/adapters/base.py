@@ -25,8 +25,8 @@ from typing import Callable
 
 import torch
 
-from .. import SymmergeError
 from ..canonical import fold_norm, mean_free, merge_o, merge_q, split_kv, split_o, split_q
+from ..errors import SymmergeError
 from ..shape import ModelShape
 
 #: get(name) -> float64 tensor (error if missing); get(name, None) -> None if missing

@@ -6,11 +6,8 @@ largest excess at Dirichlet points of the simplex; `--plot` draws the loss over 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .. import devices
 from ..values import at_least, seed
-from .checks import check_plot_file, check_report_file
 
 
 def add_data_args(p, split_default: str = "test") -> None:
@@ -42,40 +39,30 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import SymmergeError
-    from ..barrier import barrier, plot
-    from ..data import load_batches
-    from ..expand import widest
-    from ..model import load_model
+    from ..api import barrier
 
-    if len(args.models) < 2:
-        raise SymmergeError(f"a barrier needs at least two models, got {len(args.models)}")
-    place = devices.resolve(args)
+    result = barrier(args.models, args.data, split=args.split, batch_size=args.batch_size, max_batches=args.max_batches,
+                     seq_len=args.seq_len, points=args.points, refine=args.refine, weights=args.weights,
+                     simplex_points=args.simplex_points, seed=args.seed, device=args.device, dtype=args.dtype,
+                     report=args.json, plot=args.plot, progress=True)
+    rep = result.report
     if len(args.models) > 2:
-        from .barrier_many import run_many
-
-        return run_many(args, place)
-    if args.weights is not None or args.simplex_points is not None or args.seed is not None:
-        raise SymmergeError("--weights, --simplex-points and --seed are for three or more models")
-    args.a, args.b = args.models
-    check_report_file(args.json, "--json")
-    check_plot_file(args.plot, args.json)
-    a, b = load_model(args.a), load_model(args.b)
-    a, b = widest(a, b)  # mixed widths: the narrower expanded into the wider
-    batches = load_batches(args.a, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
-    dtype = place.working(a.dtype)
-    result = barrier(a, b, batches, args.points, args.refine, dtype=dtype, device=place.device)
-    result.update({"a": str(args.a), "b": str(args.b), "data": str(args.data), "split": args.split,
-                   **place.record(dtype)})
+        print_many(args.models, rep)
+        return 0
     print(f"{'λ':>6} {'loss':>10} {'accuracy':>9}")
-    for lam, loss, acc in zip(result["lambdas"], result["loss"], result["accuracy"]):
+    for lam, loss, acc in zip(rep["lambdas"], rep["loss"], rep["accuracy"]):
         print(f"{lam:6.3f} {loss:10.4f} {acc:9.4f}")
-    print(f"loss barrier {result['barrier']:.4f} at λ={result['barrier_lambda']:.3f}; "
-          f"accuracy barrier {result['accuracy_barrier']:.4f}")
-    if args.json:
-        from ..report import write
-
-        write(args.json, "barrier", result)
-    if args.plot:
-        plot(result, args.plot, f"{Path(args.a).name} → {Path(args.b).name}")
+    print(f"loss barrier {rep['barrier']:.4f} at λ={rep['barrier_lambda']:.3f}; "
+          f"accuracy barrier {rep['accuracy_barrier']:.4f}")
     return 0
+
+
+def print_many(models: list, rep: dict) -> None:
+    """The barrier of three or more models, as `barrier_many.many_barrier` reports it."""
+    for i, (p, loss, acc) in enumerate(zip(models, rep["endpoint_losses"], rep["endpoint_accuracies"])):
+        print(f"M{i + 1} {p}: loss {loss:.4f}, accuracy {acc:.4f}")
+    print(f"weighted average: loss {rep['average_loss']:.4f} (excess {rep['average_excess']:.4f}), "
+          f"accuracy {rep['average_accuracy']:.4f} (drop {rep['average_accuracy_drop']:.4f})")
+    print(f"largest pairwise barrier {rep['pairwise_max']:.4f} (accuracy {rep['pairwise_max_accuracy']:.4f}); "
+          f"simplex barrier {rep['simplex_barrier']:.4f} over {rep['simplex_points']} Dirichlet points (accuracy "
+          f"{rep['simplex_accuracy_barrier']:.4f})")

@@ -27,8 +27,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import SymmergeError
     from ..demo import DemoArgs, format_table, run_demo
+    from ..errors import SymmergeError
 
     place = devices.resolve(args)
     try:

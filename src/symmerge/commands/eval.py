@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from .. import devices
 from ..values import at_least
-from .checks import check_report_file
 
 
 def register(sub) -> None:
@@ -23,45 +20,18 @@ def register(sub) -> None:
     p.set_defaults(run=run, checkpoints=("model",))
 
 
-def jsonable(d: dict) -> dict:
-    """NaN (a standard error of a single batch) becomes null, so the file is strict JSON."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
-
-
 def run(args) -> int:
-    from pathlib import Path
+    from ..api import evaluate
 
-    from .. import SymmergeError
-    from ..data import is_vision, load_batches
-    from ..evaluate import evaluate
-    from ..io import Checkpoint, load_config
-    from ..model import hf_class, runs_in
-
-    place = devices.resolve(args)
-    check_report_file(args.json, "--json")
-    ckpt = Checkpoint(args.model)  # refuses pickles and folders without safetensors
-    dtype = place.working(ckpt.dtype())
-    batches = load_batches(args.model, args.data, args.split, args.batch_size, args.seq_len, args.max_batches)
-    config = load_config(Path(args.model))
-    names = getattr(config, "architectures", None) or []
-    if not names:
-        raise SymmergeError(f"{args.model}/config.json names no architectures; cannot pick the model class")
-    try:
-        cls = hf_class(names[0])
-    except AttributeError:
-        raise SymmergeError(f"{args.model}: transformers has no class {names[0]} (config.json architectures)") from None
-    model = cls.from_pretrained(str(ckpt.path), local_files_only=True, use_safetensors=True, dtype=dtype,
-                                config=runs_in(config, dtype))
-    model.to(place.device)
-    res = evaluate(model, batches)
-    unit = "image" if is_vision(config) else "token"
-    print(f"{args.model} on {args.data} [{args.split}]: loss/{unit} {res['loss']:.4f} ± {res['loss_se']:.4f}, "
-          f"accuracy {res['accuracy']:.4f} ± {res['accuracy_se']:.4f} "
+    result = evaluate(args.model, args.data, split=args.split, batch_size=args.batch_size, max_batches=args.max_batches,
+                      seq_len=args.seq_len, device=args.device, dtype=args.dtype, report=args.json)
+    res, unit = result.report, result.notes["unit"]
+    print(f"{args.model} on {args.data} [{args.split}]: loss/{unit} {_f(res['loss'])} ± {_f(res['loss_se'])}, "
+          f"accuracy {_f(res['accuracy'])} ± {_f(res['accuracy_se'])} "
           f"({res['n_items']} {'images' if unit == 'image' else 'sequences'}, {res['n_scored']} scored, {res['n_batches']} batches)")
-    if args.json:
-        rec = jsonable(res | {"model": str(args.model), "data": args.data, "split": args.split,
-                              **place.record(dtype)})
-        from ..report import write
-
-        write(args.json, "eval", rec)
     return 0
+
+
+def _f(x) -> str:
+    """A figure as printed: 4 decimals, nan for the None of a standard error of one batch."""
+    return "nan" if x is None else f"{x:.4f}"

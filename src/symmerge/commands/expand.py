@@ -18,12 +18,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..expand import expand_checkpoint
+    from ..api import expand
 
-    out, e = expand_checkpoint(args.narrow, args.like, args.out, force=args.force, progress=True,
-                               dtype=out_dtype.resolve(args))
-    n, w = e.narrow, e.wide
-    print(f"wrote {out}: {n.hf_class} d_model {n.d_model} -> {w.d_model}, d_mlp {n.d_mlp} -> {w.d_mlp}, heads "
-          f"{n.n_heads}x{n.d_head} -> {w.n_heads}x{w.d_head} (writer scale {e.writer_scale:.6g}, "
-          f"score scale {e.score_scale:.6g}); same function as {args.narrow}")
+    result = expand(args.narrow, args.like, args.out, force=args.force, out_dtype=out_dtype.resolve(args), progress=True)
+    n, w = result["narrow_shape"], result["wide_shape"]
+    print(f"wrote {result.out}: {n['hf_class']} d_model {n['d_model']} -> {w['d_model']}, d_mlp {n['d_mlp']} -> "
+          f"{w['d_mlp']}, heads {n['n_heads']}x{n['d_head']} -> {w['n_heads']}x{w['d_head']} (writer scale "
+          f"{result['writer_scale']:.6g}, score scale {result['score_scale']:.6g}); same function as {args.narrow}")
     return 0

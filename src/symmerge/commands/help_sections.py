@@ -1,7 +1,7 @@
 """`align --help` and `merge --help` in sections, one per method, so that a reader finds the options of the
 method they run together.
 
-A registry option goes into the section of the matchers that read it (`registry.users`): all of them,
+A matcher option goes into the section of the matchers that read it (`option_flags.users`): all of them,
 "matching"; the data-driven ones, "data"; weight matching and those that start from it, "weight
 matching"; learned and dual alone, "learned and dual matching"; any other set of readers, a section named
 after them. Sections are argparse argument groups, printed in the order they are first asked for.
@@ -13,6 +13,7 @@ import argparse
 
 from ..match import registry
 from . import out_dtype
+from .option_flags import users as option_users
 
 OUTPUT, MATCHING, DATA, WEIGHT, LEARNED, DEVICE, ROUNDS = (
     "output", "matching", "data", "weight matching", "learned and dual matching", "device and precision", "rounds")
@@ -30,8 +31,8 @@ DESCRIPTIONS = {
 
 
 def section_of(option: str) -> str:
-    """The section of registry option `option`, from the matchers that read it."""
-    users = set(registry.users(option))
+    """The section of matcher option `option`, from the matchers that read it."""
+    users = set(option_users(option))
     if users == set(registry.MATCHERS):
         return MATCHING
     if users == {m.name for m in registry.MATCHERS.values() if m.needs_data}:

@@ -19,18 +19,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..evaluate import interpolate
-    from ..expand import widest
-    from ..io import prepare_output
-    from ..merge import check_lambda
-    from ..model import load_model, save_model
+    from ..api import interpolate
 
-    check_lambda(args.lam, args.extrapolate)
-    prepare_output(args.out, args.force, [args.a, args.b])
-    a, b = load_model(args.a), load_model(args.b)
-    a, b = widest(a, b)  # mixed widths: the narrower expanded into the wider
-    params = interpolate(a.params, b.params, args.lam)
-    save_model(a, params, args.out, force=args.force, dtype=out_dtype.resolve(args),
-               extra={"interpolate": {"a": str(args.a), "b": str(args.b), "lambda": args.lam}})
+    interpolate(args.a, args.b, args.lam, args.out, extrapolate=args.extrapolate, force=args.force,
+                out_dtype=out_dtype.resolve(args))
     print(f"wrote {args.out}: (1 - {args.lam})·A + {args.lam}·B")
     return 0

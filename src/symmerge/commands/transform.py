@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from ..spec import FAMILIES
 from ..values import at_least, seed
 from . import out_dtype
@@ -33,18 +31,11 @@ def parse_groups(text: str | None) -> list[str] | None:
 
 
 def run(args) -> int:
-    from ..apply import apply
-    from ..elements import random_element
-    from ..io import prepare_output
-    from ..stream import LazyModel, write_streaming
+    from ..api import transform
 
-    prepare_output(args.out, args.force, [args.model])  # fail before any work
-    model = LazyModel(args.model)  # block by block: memory does not grow with depth
     families = parse_groups(args.groups)
-    g = random_element(model.spec, torch.Generator().manual_seed(args.seed), families, args.spread)
-    extra = {"transform": {"source": str(args.model), "seed": args.seed, "groups": families or "all"}}
-    out = write_streaming(model, lambda part: apply(model.spec, g, part), args.out, force=args.force, extra=extra,
-                          dtype=out_dtype.resolve(args))
-    print(f"wrote {out}: {model.shape.hf_class} transformed by a random element of "
-          f"{', '.join(families or model.spec.families())} (seed {args.seed})")
+    result = transform(args.model, args.out, args.seed, families, args.spread, force=args.force,
+                       out_dtype=out_dtype.resolve(args))
+    print(f"wrote {result.out}: {result['hf_class']} transformed by a random element of "
+          f"{', '.join(result['families'])} (seed {args.seed})")
     return 0

@@ -39,8 +39,8 @@ import time
 
 import torch
 
-from .. import SymmergeError
 from .. import groups as G
+from ..errors import SymmergeError
 from ..evaluate import model_inputs
 from ..model import Model, build_hf_model, export_state_dict
 from ..spec import ROTATION

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .. import SymmergeError
 from .. import groups as G
 from ..apply import apply
+from ..errors import SymmergeError
 from ..evaluate import model_inputs
 from ..model import InMemoryParts, Model
 from ..spec import ROTATION, SCALE

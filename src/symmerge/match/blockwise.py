@@ -47,7 +47,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from .. import SymmergeError
+from ..errors import SymmergeError
 from ..evaluate import model_inputs
 from ..model import InMemoryParts, Model, hf_class, part_keys, part_of, runs_in
 

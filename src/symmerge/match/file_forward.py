@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .. import SymmergeError
 from ..adapters import adapter_for
+from ..errors import SymmergeError
 from ..evaluate import model_inputs
 from ..io import Checkpoint
 from ..stored import StoredNames

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .. import SymmergeError
+from ..errors import SymmergeError
 from ..evaluate import grid
 from .blockwise import RECOMPUTE
 

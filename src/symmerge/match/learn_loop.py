@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import SymmergeError, distributed
+from .. import distributed
+from ..errors import SymmergeError
 from ..progress import tqdm
 from .learn_config import FLAT
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state

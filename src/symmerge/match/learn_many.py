@@ -34,10 +34,11 @@ from dataclasses import replace
 
 import torch
 
-from .. import SymmergeError, distributed
+from .. import distributed
 from .. import groups as G
 from ..apply import StraightThrough, apply
 from ..elements import compose, identity_element
+from ..errors import SymmergeError
 from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, Frozen, PartFn, fill
 from .learn_config import DTYPES, LearnConfig

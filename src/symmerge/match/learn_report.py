@@ -17,7 +17,6 @@ from .learn_config import FLAT
 from .learn_plan import batch_excess
 
 
-
 def best_se(learner, val: list[dict], lams: list[float], losses: list[float]) -> float | None:
     """Standard error over `val` of the best state's barrier: the spread of each batch's excess at the
     curve's peak (`learner` holds the best state). None for one batch or a path below its line."""

@@ -43,7 +43,8 @@ checkpoint files); this module holds `learn`, which joins them.
 
 from __future__ import annotations
 
-from .. import SymmergeError, distributed
+from .. import distributed
+from ..errors import SymmergeError
 from ..model import Model
 from .blockwise import release_freed_heap
 from .learn_config import LearnConfig

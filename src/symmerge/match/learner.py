@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from .. import SymmergeError
 from .. import groups as G
 from ..apply import Prepared, StraightThrough, apply
 from ..elements import compose, identity_element
+from ..errors import SymmergeError
 from ..merge import check_compatible
 from ..model import part_keys, part_of
 from ..spec import SCALE, Spec

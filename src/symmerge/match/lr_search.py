@@ -38,8 +38,8 @@ from dataclasses import replace
 
 import torch
 
-from .. import SymmergeError
 from ..barrier import highest_excess
+from ..errors import SymmergeError
 from ..evaluate import grid
 from .learn_config import DEFAULT_LR, LR_FACTORS, LearnConfig
 

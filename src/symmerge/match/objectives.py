@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from .. import SymmergeError
 from ..barrier import above_line, highest_excess, line_barrier
+from ..errors import SymmergeError
 from ..evaluate import grid
 from ..simplex import dirichlet
 from .learn_config import LearnConfig

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .. import SymmergeError
 from ..apply import apply
+from ..errors import SymmergeError
 from ..evaluate import max_abs_diff
 from ..io import AtomicFolder, prepare_output
 from ..model import Model, save_model

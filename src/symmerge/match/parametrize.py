@@ -33,8 +33,8 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from .. import SymmergeError
 from .. import groups as G
+from ..errors import SymmergeError
 
 METHODS = ("cayley", "cayley-signs", "expm", "polar", "direct")
 #: the methods `--param` may choose per kind (read from the kind objects; "auto" is `Kind.default_param`)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import SymmergeError
+from .errors import SymmergeError
 
 
 def check_report_file(path: str | None, flag: str, outputs=()) -> None:
