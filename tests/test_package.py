@@ -39,14 +39,16 @@ def test_the_version_is_written_once():
 
 
 def test_without_installed_metadata_the_checkout_version_is_read(monkeypatch):
-    def missing(name):
-        raise symmerge._metadata.PackageNotFoundError(name)
+    from symmerge import version
 
-    monkeypatch.setattr(symmerge._metadata, "version", missing)
-    assert symmerge._version() == PROJECT["version"]
+    def missing(name):
+        raise version._metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(version._metadata, "version", missing)
+    assert version._version() == PROJECT["version"]
     # negative control: a source file away from any pyproject.toml has no version to read
-    monkeypatch.setattr(symmerge, "__file__", "/nonexistent/a/b/__init__.py")
-    assert symmerge._version() == "0+unknown"
+    monkeypatch.setattr(version, "__file__", "/nonexistent/a/b/version.py")
+    assert version._version() == "0+unknown"
 
 
 def test_metadata_a_registry_shows():
