@@ -48,7 +48,7 @@ def load(model, lazy: bool = False, dtype=None):
 
 def align(a, b, out=None, method: str = "weight", options: Options | dict | None = None, *, groups="default",
           data=None, split: str = "train", seq_len: int | None = None, force: bool = False, out_dtype=None,
-          device: str | None = None, dtype: str | None = None, resume: bool = False, shard_endpoints: bool = False,
+          device: str | None = None, dtype: str | None = None, resume: bool = False, shard_endpoints: int | None = None,
           report=None, progress: bool = False) -> Result | None:
     """Find the group element that brings B closest to A (`method`: weight, activation, learned, dual).
 

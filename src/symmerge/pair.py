@@ -156,11 +156,12 @@ def _checked(a, b, out, matcher, options: Options, families, data, device, dtype
 def align_checkpoints(a, b, out, method: str = "weight", options=None, groups="default", data=None,
                       split: str = "train", seq_len: int | None = None, force: bool = False, out_dtype=None,
                       device: str | None = None, dtype: str | None = None, resume: bool = False,
-                      shard_endpoints: bool = False, report=None, progress: bool = True) -> dict | None:
+                      shard_endpoints: int | None = None, report=None, progress: bool = True) -> dict | None:
     """Align checkpoint folder `b` to `a` and write OUT (module docstring); returns the report (None on the
     processes of a torchrun group but the first). `groups`: families, None for every group, "default" for
     the spec's default; `data`: a data set (`data.load_batches`) or a `registry.Data`; `out_dtype`: of
-    the written checkpoint (a torch dtype; default: B's)."""
+    the written checkpoint (a torch dtype; default: B's); `shard_endpoints`: under torchrun, FSDP2 shards the
+    frozen endpoints over all processes (0) or over groups of K (`distributed.shard_size`); None: not sharded."""
     matcher = registry.get(method)
     if matcher.validates:  # under torchrun every process checks, and all share the first error
         group = distributed.init(device, shard=shard_endpoints)
