@@ -22,7 +22,7 @@ RESULTS = HERE / "results"
 README = HERE / "README.md"
 
 #: the order of the sections; result files not named here follow in alphabetical order
-ORDER = ("pairs", "ablation_barrier", "reproduction_table", "barrier_by_split", "matching_barrier_tiny",
+ORDER = ("pairs", "demo_threads", "ablation_barrier", "reproduction_table", "barrier_by_split", "matching_barrier_tiny",
          "learned_barrier_tiny", "rotary_study", "merge_many", "weight_matching_scale", "activation_matching_scale",
          "cost_products", "learned_memory", "learned_step_cost", "lr_search_cost", "train_throughput", "assignment",
          "barrier_throughput", "determinism", "gpu_check", "wm_devices")

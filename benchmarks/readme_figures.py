@@ -191,6 +191,8 @@ FIGURES = {f.name: f for f in (
     Figure("demo", P("`symmerge demo` on a fresh folder at 1 thread (`OMP_NUM_THREADS=1`; about {} CPU seconds;")
            + r"[^|]*\| " + r" \| ".join([NUM] * 5) + r" \|", "script", demo, command="symmerge demo -o DIR",
            tol=(TIME,) + (DIGITS,) * 5),
+    Figure("demo-2-threads", P("the same command at 2 threads\ngave {}, {}, {}, {} and {} here"), "benchmark",
+           command="benchmarks/demo_threads.py --threads 1,2"),
     Figure("demo-scale", P("which raised the barrier on the demo pair from {} to {}."), "script", demo_scale,
            command="weight matching of the demo pair, default families and --groups all (20 sweeps, the demo's test batches)"),
     Figure("table-tiny-gpt2", P("| tiny char GPT-2s on Tiny Shakespeare (d=32, 2 layers) | {} | {} | {} | {} | {} |"),
@@ -227,6 +229,8 @@ def _demo(alignment: str, pair: str) -> Ref:
 
 
 REFS: dict[str, tuple[Ref, ...]] = {
+    "demo-2-threads": tuple(R("demo_threads", "threads 2", m, "loss barrier")
+                            for m in ("plain", "weight", "activation", "learned", "dual")),
     "table-tiny-gpt2": (R("matching_barrier_tiny", "tiny", "none", "test barrier"),
                         R("matching_barrier_tiny", "tiny", "weight matching (5 sweeps)", "test barrier"),
                         R("matching_barrier_tiny", "tiny", "activation matching | all", "test barrier"),

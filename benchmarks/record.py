@@ -110,8 +110,9 @@ def dump(result: dict, path: Path | str) -> None:
 
 
 def save(path: Path | str | None, name: str, key: str, title: str, tables: list[dict], notes: str = "",
-         commands: list[str] | None = None) -> dict | None:
-    """Replace (or add) the record `key` of result file `path` with this run's; `path` None or '-': nothing."""
+         commands: list[str] | None = None, threads: int | None = None) -> dict | None:
+    """Replace (or add) the record `key` of result file `path` with this run's; `path` None or '-': nothing.
+    `threads`: the torch threads of the measured run (default this process's)."""
     if path in (None, "-"):
         return None
     import torch
@@ -122,7 +123,7 @@ def save(path: Path | str | None, name: str, key: str, title: str, tables: list[
         "benchmark": name, "title": name, "script": f"benchmarks/{name}.py", "measures": _docstring(script), "inputs": [],
         "records": []}
     rec = {"key": key, "title": title, "commands": commands or [command()], "commit": commit(),
-           "machine": machine(), "threads": torch.get_num_threads(), "tables": tables, "notes": notes}
+           "machine": machine(), "threads": threads or torch.get_num_threads(), "tables": tables, "notes": notes}
     result["records"] = [r for r in result["records"] if r["key"] != key] + [rec]
     dump(result, path)
     print(f"result recorded in {portable(str(path.resolve()))} (record {key!r})", flush=True)
