@@ -88,10 +88,12 @@ def test_blockwise_loss_and_gradients_equal_the_plain_path(pairs, arch, method):
         # negative controls: the blocks in reverse order, and a slightly moved element, are caught
         wrong = learner.forward.loss(reversed_blocks(learner.path(LAM, hard=False), a.shape.n_layers), batch)
         assert max(gaps(loss_and_grads(learner, wrong), ref, dtype)) > 2, f"{arch}/{method}/{dtype_name}: wrong block order"
-        # the residual rotation where it is learned (post-norm models keep their signed permutation fixed)
-        slot = next((s for s in learner.slots if s.group == "residual.rotation"), learner.slots[0])
+        # the residual rotation where it is learned; post-norm models keep their signed permutation fixed: every
+        # continuous group they learn
+        rotation = [s for s in learner.slots if s.group == "residual.rotation"]
+        moved_slots = rotation or [s for s in learner.slots if not a.spec.groups[s.group].discrete]
         with torch.no_grad():
-            for t in slot.raw.values():
+            for t in (t for slot in moved_slots for t in slot.raw.values()):
                 t.add_(0.2 * torch.randn(t.shape, generator=torch.Generator().manual_seed(1), dtype=t.dtype))
         moved = loss_and_grads(learner, learner.loss(batch, LAM))
         assert max(gaps(moved, ref, dtype)) > 2, f"{arch}/{method}/{dtype_name}: a moved element is not seen"

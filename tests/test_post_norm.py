@@ -1,4 +1,5 @@
-"""Post-norms and QK-norm over all heads (OLMo-2): the reduced group, checked against the stock forward.
+"""Post-norms (OLMo-2; Gemma 2 and 3, with norms before the sublayers too) and QK-norm over all heads (OLMo-2): the
+reduced group, checked against the stock forward.
 
 `x + γ ⊙ rms(y)` commutes with a residual map O only when `O diag(γ) = diag(γ') O'` (O' orthogonal, acting
 on y): for generic γ, signed permutations, with γ permuted and not signed (the "abs" action). Each map
@@ -25,13 +26,19 @@ ROT = "residual.rotation"
 F32 = torch.float32  # OLMo-2's RMSNorm computes in float32
 
 
+@pytest.fixture(scope="module", params=["olmo2", "gemma2", "gemma3"])
+def post(tmp_path_factory, request):
+    """(canonical model, its stock logits) of a tiny model with post-norms."""
+    return loaded_with_logits(request.param, tmp_path_factory.mktemp(request.param) / "m")
+
+
 @pytest.fixture(scope="module")
 def olmo2(tmp_path_factory):
     return loaded_with_logits("olmo2", tmp_path_factory.mktemp("olmo2") / "m")
 
 
 def _forward(model, params):
-    return stock_logits(model, params, example_inputs("olmo2"))
+    return stock_logits(model, params, example_inputs(model.shape.arch))
 
 
 def _posts(model) -> list[str]:
@@ -42,8 +49,8 @@ def _with_actions(spec, names, acts):
     return dataclasses.replace(spec, actions={**spec.actions, **{k: acts for k in names}})
 
 
-def test_the_residual_group_is_the_signed_permutations(olmo2):
-    model, ref = olmo2
+def test_the_residual_group_is_the_signed_permutations(post):
+    model, ref = post
     group = model.spec.groups[ROT]
     assert group.constraints == ("signed_permutation",) and group.discrete and "residual.scale" not in model.spec.groups
     g = G.random_element(group, torch.Generator().manual_seed(0))
@@ -55,8 +62,8 @@ def test_the_residual_group_is_the_signed_permutations(olmo2):
 
 
 @pytest.mark.parametrize("wrong", ["rotation", "signed_weights", "weights_left", "scale"])
-def test_maps_just_outside_the_group_change_the_logits(olmo2, wrong):
-    model, ref = olmo2
+def test_maps_just_outside_the_group_change_the_logits(post, wrong):
+    model, ref = post
     group, spec, params = model.spec.groups[ROT], model.spec, model.params
     g = {ROT: G.random_element(group, torch.Generator().manual_seed(0))}
     if wrong == "rotation":  # all of O(d), the post-norm weights left alone (what commutes with RMS alone)
@@ -74,24 +81,29 @@ def test_maps_just_outside_the_group_change_the_logits(olmo2, wrong):
     assert_different_function(out, ref, dtype=F32, what=f"the residual map with {wrong}")
 
 
-def test_the_residual_scale_the_spec_leaves_out_is_exact_as_its_note_says(olmo2):
+def test_the_residual_scale_the_spec_leaves_out_is_exact_as_its_note_says(post):
     """The note's scale: embeddings, post-norm weights and biases (the gate's excepted) by a, the gate by 1/a, eps
     by a^2; the weights of q, k, v, up, the output and down projections unchanged."""
-    model, ref = olmo2
+    model, ref = post
     a, p = 3.0, dict(model.params)
-    for k, t in model.params.items():
-        if k == "embed.W_E" or k.endswith(".g_post") or (".b_" in k and not k.endswith("b_gate")):
-            p[k] = a * t
-    p.update({k: t / a for k, t in model.params.items() if k.endswith("W_gate")})
+    if model.shape.pre_norms:  # Gemma: the writers, the post-norm weights and (QK-norm) q and k by a
+        scaled = ("attn.W_O", "attn.b_O", "mlp.W_out", "mlp.b_out", ".g_post")
+        scaled += ("attn.W_Q", "attn.b_Q", "attn.W_K", "attn.b_K") if model.shape.qk_norm else ()
+        p.update({k: a * t for k, t in model.params.items() if k == "embed.W_E" or k.endswith(scaled)})
+    else:  # OLMo-2: the readers see the stream scaled
+        for k, t in model.params.items():
+            if k == "embed.W_E" or k.endswith(".g_post") or (".b_" in k and not k.endswith("b_gate")):
+                p[k] = a * t
+        p.update({k: t / a for k, t in model.params.items() if k.endswith("W_gate")})
     p["norm.eps"] = a * a * model.params["norm.eps"]
     assert any("residual scale a is exact only" in n for n in model.spec.notes)
     assert_same_function(_forward(model, p), ref, dtype=F32, what="the post-norm residual scale")
 
 
-def test_equal_post_norm_weights_admit_every_rotation(olmo2):
+def test_equal_post_norm_weights_admit_every_rotation(post):
     """With every post-norm weight a constant vector, `O diag(c) = diag(c) O` for all O: a rotation is exact,
     so the restriction to signed permutations is the weights' doing."""
-    model, _ = olmo2
+    model, _ = post
     params = {**model.params, **{k: torch.full_like(model.params[k], 0.7 + 0.1 * n) for n, k in enumerate(_posts(model))}}
     ref = _forward(model, params)
     group = model.spec.groups[ROT]

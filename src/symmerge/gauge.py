@@ -49,29 +49,36 @@ def unfold_reader(w: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor, beta: t
 @dataclass
 class Gauge:
     """The norm parameters of a reference checkpoint, by slot ("blocks.i.ln1", "blocks.i.ln2", "final"):
-    (HF prefix, γ, β or None), in float64."""
+    (HF prefix, the stored weight, β or None), in float64; the norm's weight γ is `offset` + the stored weight
+    (`gamma`), and the stored tensors are what the outputs hold, verbatim."""
 
     norms: dict[str, tuple[str, torch.Tensor, torch.Tensor | None]]
     source: str = ""
+    offset: float = 0.0  # the class's `Adapter.norm_offset`: γ = offset + the stored weight
+
+    def gamma(self, slot: str) -> torch.Tensor:
+        """The weight γ the norm of `slot` multiplies by."""
+        weight = self.norms[slot][1]
+        return self.offset + weight if self.offset else weight
 
     @classmethod
     def of(cls, ref) -> Gauge | None:
         """The gauge of the reference `ref`, a `model.LazyModel` (`model.reference_gauge` builds one for a
         folder); None (with a line on stderr) where a norm weight is zero, since its readers cannot be
         divided by it."""
-        norms = {}
+        norms, offset = {}, ref.adapter.norm_offset
         for slot, prefix in ref.adapter.norm_names(ref.shape).items():
             gamma, beta = ref.get(f"{prefix}.weight", None), ref.get(f"{prefix}.bias", None)
             if gamma is None:  # a norm without parameters (OLMo-1): nothing to keep
                 continue
-            if not bool((gamma != 0).all()):
+            if not bool((offset + gamma != 0).all()):
                 print(f"symmerge: {ref.path}: {prefix}.weight has zeros; writing the output in canonical form "
                       "(unit norm weights) instead of the reference's gauge", file=sys.stderr)
                 ref.ckpt.close()
                 return None
             norms[slot] = (prefix, gamma, beta)
         ref.ckpt.close()
-        return cls(norms, str(ref.path))
+        return cls(norms, str(ref.path), offset)
 
     def canonical(self, params: Params, s) -> tuple[Params, Params]:
         """(readers unfolded, HF norm tensors) for the canonical tensors in `params` (a part or all of a
@@ -80,32 +87,32 @@ class Gauge:
         for i in range(s.n_layers):
             for slot, readers in reader_slots(s, i).items():
                 if slot in self.norms and readers[0][0] in params:
-                    prefix, gamma, beta = self.norms[slot]
+                    (prefix, weight, beta), gamma = self.norms[slot], self.gamma(slot)
                     for w, b in readers:
                         out[w], bias = unfold_reader(params[w], None if b is None else params[b], gamma, beta)
                         if b is not None:
                             out[b] = bias
-                    hf.update(_norm_tensors(prefix, gamma, beta))
+                    hf.update(_norm_tensors(prefix, weight, beta))
         if "final" in self.norms and "head.W_U" in params:
             self._final(params, out, hf)
         return out, hf
 
     def _final(self, params: Params, out: Params, hf: Params) -> None:
-        prefix, gamma, beta = self.norms["final"]
+        (prefix, weight, beta), gamma = self.norms["final"], self.gamma("final")
         if "head.b_U" in params:
             out["head.W_U"], out["head.b_U"] = unfold_reader(params["head.W_U"], params["head.b_U"], gamma, beta)
-            hf.update(_norm_tensors(prefix, gamma, beta))
+            hf.update(_norm_tensors(prefix, weight, beta))
             return
         out["head.W_U"] = params["head.W_U"] / gamma
         if "final.b_norm" in params:  # the head has no bias: the norm's bias carries b_norm in A's scale
             out["final.b_norm"] = gamma * params["final.b_norm"]
-            hf.update(_norm_tensors(prefix, gamma, out["final.b_norm"]))
+            hf.update(_norm_tensors(prefix, weight, out["final.b_norm"]))
         else:
-            hf.update(_norm_tensors(prefix, gamma, None))
+            hf.update(_norm_tensors(prefix, weight, None))
 
 
-def _norm_tensors(prefix: str, gamma: torch.Tensor, beta: torch.Tensor | None) -> Params:
-    out = {f"{prefix}.weight": gamma}
+def _norm_tensors(prefix: str, weight: torch.Tensor, beta: torch.Tensor | None) -> Params:
+    out = {f"{prefix}.weight": weight}
     if beta is not None:
         out[f"{prefix}.bias"] = beta
     return out
@@ -132,7 +139,7 @@ def tied_scale(params: Params, s, gauge: Gauge | None = None) -> torch.Tensor | 
     if not bool((g != 0).all()) or float((u - e * g).abs().max()) > tol:
         return None
     if gauge is not None and "final" in gauge.norms:
-        ref = gauge.norms["final"][1]
+        ref = gauge.gamma("final")
         if float((g - ref).abs().max()) > 1e-9 * max(1.0, float(ref.abs().max())):
             return None
         g = ref
@@ -149,8 +156,9 @@ def export_params(adapter, s, params: Params, gauge: Gauge | None, tie: bool = T
     if g is not None:
         params = {**params, "head.W_U": params["embed.W_E"]}
         final = adapter.norm_names(s).get("final")
-        if final is not None:
-            hf_norms[f"{final}.weight"] = g
+        if final is not None:  # the reference's stored weight verbatim, else γ' as the class stores it
+            kept = gauge is not None and "final" in gauge.norms
+            hf_norms[f"{final}.weight"] = gauge.norms["final"][1] if kept else g - adapter.norm_offset
     return params, hf_norms, g is not None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -208,12 +209,26 @@ def keep_expected(sd: dict[str, torch.Tensor], config, class_name: str, partial:
     return {k: sd[k] for k in expected if k in sd}
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Modules built inside make their buffers as `from_pretrained(dtype=dtype)` makes them: the default dtype is
+    `dtype` meanwhile (a buffer made from a Python number, e.g. Gemma's embedding scale sqrt(d), is then exact in
+    float64 instead of a float32 value widened)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
 def build_hf_model(config, state_dict: dict[str, torch.Tensor], class_name: str):
-    """A stock HF model holding exactly `state_dict` (strict: every parameter must be given)."""
+    """A stock HF model holding exactly `state_dict` (strict: every parameter must be given), its buffers made as
+    `from_pretrained(dtype=...)` makes them in the state dict's dtype."""
     from transformers.initialization import no_init_weights
 
     dtype = next(iter(state_dict.values())).dtype
-    with no_init_weights():  # the weights are overwritten below: skip the random initialisation
+    with no_init_weights(), default_dtype(dtype):  # the weights are overwritten below: no random initialisation
         model = hf_class(class_name)(runs_in(config, dtype))
     model.to(dtype)
     model.load_state_dict(state_dict, strict=True)

@@ -34,9 +34,11 @@ class ModelShape:
     #: an RMSNorm with weights on q and on k before RoPE: "head" (per head over d_head, weights shared by the
     #: heads: Qwen3), "projection" (over all heads at once, a weight per entry: OLMo-2), "" (none)
     qk_norm: str = ""
-    #: the norms sit on each sublayer's output before the residual add (`x + γ ⊙ rms(y)`: OLMo-2), and nothing
-    #: normalises the stream before its readers; the final norm still reads the stream
+    #: a norm sits on each sublayer's output before the residual add (`x + γ ⊙ rms(y)`: OLMo-2, Gemma 2 and 3);
+    #: the final norm still reads the stream
     post_norm: bool = False
+    #: the readers read the stream through a norm (False: OLMo-2, whose only norms are the post-norms and the final)
+    pre_norms: bool = True
     #: a mixture of experts in place of the MLP (0: a dense MLP): `n_experts` gated MLPs of width `d_mlp` each,
     #: of which a router (a reader of the stream, one logit per expert) picks `experts_per_token` per token
     n_experts: int = 0
@@ -50,8 +52,9 @@ class ModelShape:
     @property
     def residual_scale(self) -> bool:
         """Whether multiplying the stream by a > 0 (writers by a, the config's eps by a^2) is in the group: the eps
-        must be a config value, and no post-norm may sit between a writer and the stream (its output would stay
-        unscaled)."""
+        must be a config value, and no post-norm may sit between a writer and the stream (the exact scale of a
+        post-norm model moves the post-norm weights and other tensors besides the writers: `spec` states it in a
+        note and leaves it out)."""
         return self.eps_in_config and not self.post_norm
 
     @property

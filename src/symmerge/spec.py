@@ -190,7 +190,11 @@ def _residual_groups(s: ModelShape, groups: dict, notes: list) -> None:
         else "RMS normalisation commutes with every orthogonal map"
     )
     groups[ROTATION] = G.Group(ROTATION, RESIDUAL_ROTATION, "orthogonal", s.d_model, constraints=fixes, note=why)
-    if s.post_norm:
+    if s.post_norm and s.pre_norms:
+        notes.append("post-norms: a residual scale a is exact only with the writers (embeddings, attention output and "
+                     "down projections), the post-norm weights" + (" and q and k (QK-norm)" if s.qk_norm else "")
+                     + " scaled by a and the eps by a^2; it is left out of the group (the matchers scale writers alone)")
+    elif s.post_norm:
         notes.append("post-norms: a residual scale a is exact only with the embeddings, the post-norm weights and every "
                      "bias but the gate's scaled by a, the gate's weights by 1/a and the eps by a^2 (the other weights "
                      "unchanged); it is left out of the group")

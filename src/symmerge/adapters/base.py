@@ -87,6 +87,9 @@ class Adapter:
     #: a mixture of experts' fused tensors (`<layer>.experts.<name>`, `[n_experts, rows, cols]`) that stock
     #: checkpoints store one expert at a time: {name: the per-expert parts, concatenated along rows} (`stored.py`)
     expert_parts: dict[str, tuple[str, ...]] = {}
+    #: the stock norms multiply by `norm_offset + weight` (Gemma: 1 + w); the norm weight γ every canonical
+    #: computation uses is the stored tensor plus this, and a norm of weight γ is written as γ - norm_offset
+    norm_offset: float = 0.0
 
     # --- to implement ---
     def shape(self, config) -> ModelShape:

@@ -40,7 +40,8 @@ def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config:
         arch=adapter.name, hf_class=hf_class, d_model=d, n_layers=c.num_hidden_layers, n_heads=h, n_kv_heads=kv,
         d_head=dh, d_mlp=c.intermediate_size, vocab=c.vocab_size, norm=norm, gated=True, parallel=False,
         rotary_dims=rotary_dims(c, dh), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
-        eps=float(getattr(c, "rms_norm_eps", 1e-5)), eps_in_config=eps_in_config, activation=c.hidden_act,
+        eps=float(getattr(c, "rms_norm_eps", 1e-5)), eps_in_config=eps_in_config,
+        activation=getattr(c, "hidden_act", None) or c.hidden_activation,
         clip_qkv=getattr(c, "clip_qkv", None),
     )
 
@@ -76,25 +77,25 @@ def decoder_mlp_to_canonical(get, s: ModelShape, i: int, ln2) -> dict[str, torch
             f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out}
 
 
-def qk_norm_to_canonical(get, s: ModelShape, i: int) -> dict[str, torch.Tensor]:
-    """Block i's QK-norm weights (`self_attn.{q,k}_norm.weight`) as `attn.g_Q`, `attn.g_K`: `[d_head]` each for a
-    norm per head (`s.qk_norm == "head"`), `[n_kv, q_per_kv, d_head]` and `[n_kv, d_head]` for one over the whole
-    projection ("projection"); nothing without QK-norm."""
+def qk_norm_to_canonical(get, s: ModelShape, i: int, offset: float = 0.0) -> dict[str, torch.Tensor]:
+    """Block i's QK-norm weights (`self_attn.{q,k}_norm.weight`, plus `offset`: Gemma stores w for 1 + w) as
+    `attn.g_Q`, `attn.g_K`: `[d_head]` each for a norm per head (`s.qk_norm == "head"`), `[n_kv, q_per_kv, d_head]`
+    and `[n_kv, d_head]` for one over the whole projection ("projection"); nothing without QK-norm."""
     if not s.qk_norm:
         return {}
     hf, p = f"model.layers.{i}.self_attn", f"blocks.{i}.attn"
-    q, k = get(f"{hf}.q_norm.weight"), get(f"{hf}.k_norm.weight")
+    q, k = offset + get(f"{hf}.q_norm.weight"), offset + get(f"{hf}.k_norm.weight")
     if s.qk_norm == "projection":
         q, k = q.reshape(s.n_kv_heads, s.q_per_kv, s.d_head), k.reshape(s.n_kv_heads, s.d_head)
     return {f"{p}.g_Q": q, f"{p}.g_K": k}
 
 
-def qk_norm_from_canonical(params, s: ModelShape, i: int) -> dict[str, torch.Tensor]:
+def qk_norm_from_canonical(params, s: ModelShape, i: int, offset: float = 0.0) -> dict[str, torch.Tensor]:
     """The stock QK-norm weights of block i (`qk_norm_to_canonical`'s inverse); nothing without QK-norm."""
     if not s.qk_norm:
         return {}
     hf, p = f"model.layers.{i}.self_attn", f"blocks.{i}.attn"
-    return {f"{hf}.q_norm.weight": params[f"{p}.g_Q"].reshape(-1), f"{hf}.k_norm.weight": params[f"{p}.g_K"].reshape(-1)}
+    return {f"{hf}.{n}_norm.weight": params[f"{p}.g_{n.upper()}"].reshape(-1) - offset for n in "qk"}
 
 
 def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool) -> dict[str, torch.Tensor]:

@@ -39,7 +39,7 @@ class Olmo2Adapter(LlamaAdapter):
     function_keys = ()
 
     def shape(self, c):
-        return dataclasses.replace(super().shape(c), qk_norm="projection", post_norm=True)
+        return dataclasses.replace(super().shape(c), qk_norm="projection", post_norm=True, pre_norms=False)
 
     def block_to_canonical(self, get, s, i):
         hf, p = f"model.layers.{i}", f"blocks.{i}"

@@ -49,7 +49,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ..errors import SymmergeError
 from ..evaluate import model_inputs
-from ..model import InMemoryParts, Model, hf_class, part_keys, part_of, runs_in
+from ..model import InMemoryParts, Model, default_dtype, hf_class, part_keys, part_of, runs_in
 
 Params = dict[str, torch.Tensor]
 #: what `end_state` hands `ends_from_canonical` for a tensor fed by rows (never reaches the stock model)
@@ -178,13 +178,8 @@ def weightless(config, class_name: str, dtype: torch.dtype, device=None):
     made as `from_pretrained(dtype=dtype)` makes them (the default dtype set to `dtype` while it is built)."""
     from transformers.initialization import no_init_weights
 
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with no_init_weights(), _parameters_on_meta(), torch.device(device or "cpu"):
-            model = hf_class(class_name)(runs_in(config, dtype))
-    finally:
-        torch.set_default_dtype(old)
+    with default_dtype(dtype), no_init_weights(), _parameters_on_meta(), torch.device(device or "cpu"):
+        model = hf_class(class_name)(runs_in(config, dtype))
     return model.eval().requires_grad_(False)
 
 
@@ -267,16 +262,21 @@ def _rows_free(spec, name: str) -> bool:
                for a in spec.actions.get(name, ()))
 
 
+def _row_wise(m: nn.Module) -> bool:
+    """Exactly `nn.Linear`, or `nn.Embedding` without `max_norm` (which renormalises rows in place): the class itself or
+    a stock scaled embedding (Gemma's `*ScaledWordEmbedding`: the lookup times the constant `embed_scale`)."""
+    scaled = type(m).__name__.endswith("ScaledWordEmbedding") and hasattr(m, "embed_scale")
+    return type(m) is nn.Linear or (isinstance(m, nn.Embedding) and m.max_norm is None and (type(m) is nn.Embedding or scaled))
+
+
 def vocab_modules(hf: nn.Module, adapter, shape, spec, ends: Params) -> list[Vocab]:
-    """The stock end modules that can be fed by rows (`Vocab`): an `nn.Embedding` or `nn.Linear` (exactly those
-    classes) each of whose parameters `ends_from_canonical` passes through as a canonical tensor of `ends`
-    (found by identity), no group acting on its axis 0. The rest of the ends is materialised whole."""
+    """The stock end modules that can be fed by rows (`Vocab`, `_row_wise`), each of whose parameters
+    `ends_from_canonical` passes through as a canonical tensor of `ends` (found by identity), no group acting on its
+    axis 0. The rest of the ends is materialised whole."""
     sd = adapter.ends_from_canonical(ends, shape)
     canonical = {hf_name: c for hf_name, v in sd.items() for c, t in ends.items() if v is t and t.dim() >= 1}
     found = []
-    for name, module in hf.named_modules():
-        if type(module) not in (nn.Embedding, nn.Linear) or (type(module) is nn.Embedding and module.max_norm is not None):
-            continue
+    for name, module in ((n, m) for n, m in hf.named_modules() if _row_wise(m)):
         local = {n: f"{name}.{n}" for n, _ in module.named_parameters(recurse=False)}
         if not local or not all(h in canonical for h in local.values()):
             continue
