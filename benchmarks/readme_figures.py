@@ -33,11 +33,8 @@ their last digits; the machine's arithmetic may change them too.
 from __future__ import annotations
 
 import argparse
-import atexit
 import dataclasses
-import json
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -47,6 +44,7 @@ from typing import Callable
 
 from figure_refs import Ref, agrees
 from figure_refs import load as load_results
+from readme_runs import demo, demo_scale
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -56,64 +54,6 @@ RESULTS = load_results()
 #: torch threads of every figure's run: training's last bits depend on the count, and a few hundred
 #: steps later the demo's barriers can differ far more than that
 THREADS = 1
-
-
-# --- regenerating runs ---------------------------------------------------------------------------------
-
-
-def _symmerge(*argv: str) -> None:
-    from symmerge.cli import main
-
-    if main(list(argv)) != 0:
-        raise SystemExit(f"symmerge {' '.join(argv)} failed")
-
-
-#: the demo's folder, shared by the figures that read its pair (one `symmerge demo` per process)
-_DEMO: dict[str, object] = {}
-
-
-def _demo_run() -> dict:
-    """`symmerge demo` into a fresh folder, once per process: its folder, report and CPU seconds."""
-    if not _DEMO:
-        root = Path(tempfile.mkdtemp(prefix="readme-demo-"))
-        atexit.register(shutil.rmtree, root, True)
-        start = time.process_time()
-        _symmerge("demo", "-o", str(root / "demo"))
-        _DEMO.update(folder=root / "demo", cpu_s=time.process_time() - start,
-                     report=json.loads((root / "demo" / "demo-report.json").read_text()))
-    return _DEMO
-
-
-def demo(root: Path) -> list[str]:
-    """`symmerge demo` on a fresh folder: the barrier of each method, 3 decimals, in the README's column
-    order, and the run's CPU seconds (one thread: its wall time on an idle core)."""
-    run = _demo_run()
-    rows = {r["method"]: r["barrier"] for r in run["report"]["results"]}
-    return [f"{run['cpu_s']:.0f}"] + [f"{rows[m]:.3f}" for m in ("plain", "weight", "activation", "learned", "dual")]
-
-
-def demo_scale(root: Path) -> list[str]:
-    """Weight matching on the demo's pair without and with the residual scale (`--groups all`), the demo's
-    settings (20 sweeps) and test batches: the two barriers, 3 decimals (the first is the demo row's)."""
-    import dataclasses
-
-    from symmerge.apply import apply
-    from symmerge.barrier import barrier
-    from symmerge.data import load_batches
-    from symmerge.demo import DemoArgs
-    from symmerge.match import registry
-    from symmerge.model import load_model
-
-    folder = Path(_demo_run()["folder"])
-    args = DemoArgs()
-    a, b = load_model(folder / f"seed{args.seeds[0]}"), load_model(folder / f"seed{args.seeds[1]}")
-    test = load_batches(folder / f"seed{args.seeds[0]}", args.data, "test", batch_size=64, max_batches=args.test_batches)
-    out = []
-    for families in (b.spec.default_families(), b.spec.families()):
-        res = registry.align("weight", a, b, families, None, {"max_iters": args.match_iters}, progress=False)
-        aligned = dataclasses.replace(b, params=apply(b.spec, res.elements["B"], b.params))
-        out.append(f"{barrier(a, aligned, test, points=11, progress=False)['barrier']:.3f}")
-    return out
 
 
 # --- the registry --------------------------------------------------------------------------------------
