@@ -36,9 +36,7 @@ import sys
 from pathlib import Path
 
 import record
-
-#: JSON keys whose values are timings (or made of timings): dropped before hashing
-TIMING = ("seconds", "wall_s", "time_s", "seconds_by_step_kind", "pairwise_seconds", "barrier_seconds")
+from symmerge.card import TIMING  # the report fields that are timings: dropped before hashing
 
 
 def _strip(x):

@@ -120,9 +120,9 @@ def test_cli_merge_dual_never_loads_a_model_whole_and_takes_device_and_dtype(tmp
     seen = []
     init = learn_many.ManyLearner.__init__
 
-    def recording(self, ms, cfg, init_elements=None):
+    def recording(self, ms, cfg, *args, **kwargs):
         seen.append(([type(m) for m in ms], cfg.dtype, cfg.device))
-        init(self, ms, cfg, init_elements)
+        init(self, ms, cfg, *args, **kwargs)
 
     out, aligned = tmp_path / "merged", tmp_path / "aligned"
     with monkeypatch.context() as m:

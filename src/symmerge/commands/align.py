@@ -58,10 +58,12 @@ def run(args) -> int:
         return 0
     rep = result.report
     if registry.get(args.method).validates:
+        from ..match.learn_report import time_line
+
         note = rep.get("lr_note")
         gaps = ", ".join(f"{o['output']}: {o['max_logit_diff']:.2e}" for o in rep["outputs"])
         print(f"wrote {args.out}: {args.method} matching, {rep['end_line']}{f' ({note})' if note else ''}; "
-              f"largest logit change {gaps}")
+              f"largest logit change {gaps}; {time_line(rep)}")
         return 0
     print(f"wrote {args.out}: {args.b} aligned to {args.a} by {args.method} matching; similarity "
           f"{rep['objective'][0]:.6f} -> {rep['objective'][-1]:.6f} in {rep['iterations']} iterations ({rep['seconds']:.1f}s)")

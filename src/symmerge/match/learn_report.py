@@ -78,17 +78,19 @@ def end_line(report: dict) -> str:
     rate = f"lr {plan['lr']:.3g}" if "lr" in plan else ""
     if search:
         rate += f" (--lr auto: best of {len(search['rates'])} rates × {search['steps_each']} steps)"
-    return f"{head}; {tail}" + (f"; {rate}" if rate else "") + _time(report.get("time"))
+    return f"{head}; {tail}" + (f"; {rate}" if rate else "")
 
 
-def _time(t: dict | None) -> str:
-    """Where the run's time went: the loop (its validations, its steps past the plan) and the rate search."""
+def time_line(report: dict) -> str:
+    """Where the run's time went, in one line: the loop (its validations, its steps past the plan) and the
+    rate search. Apart from `end_line`, which holds no timing, so that a report is the same on every run."""
+    t = report.get("time")
     if not t:
         return ""
     parts = [f"{t['validation_s']:.0f} s validating"] + ([f"{t['past_plan_s']:.0f} s past the plan"]
                                                         if t.get("past_plan_s") else [])
     search = f", --lr auto's search {t['search_s']:.0f} s" if t.get("search_s") else ""
-    return f"; {t['loop_s']:.0f} s learning ({', '.join(parts)}){search}"
+    return f"{t['loop_s']:.0f} s learning ({', '.join(parts)}){search}"
 
 
 def _f(x) -> str:
