@@ -141,7 +141,7 @@ def test_cli_merge_dual_never_loads_a_model_whole_and_takes_device_and_dtype(tmp
     for i, src in enumerate(models, start=1):
         assert_same_function(run(aligned / str(i)), run(src), dtype=torch.float32, what=f"aligned {i}")
     assert cli.main(["merge", *models, "-o", str(tmp_path / "w"), "--dtype", "bfloat16"]) == 2
-    assert "--device and --dtype are for merge --method learned or dual" in capsys.readouterr().err
+    assert "--device and --dtype are for merge --method activation, learned or dual" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
 
 

@@ -114,9 +114,9 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
     check_report_file(report, "--json", [out, aligned])
     matcher = registry.get(method)
     place = devices.placement(device, dtype)
-    if not matcher.forward and (device or dtype):
-        raise SymmergeError(f"--device and --dtype are for merge --method learned or dual; {method} matching "
-                            "runs on the CPU, in --precision")
+    if not (matcher.forward or matcher.casts) and (device or dtype):
+        raise SymmergeError(f"--device and --dtype are for merge --method activation, learned or dual; {method} "
+                            "matching runs on the CPU, in --precision")
     if matcher.needs_data and not data:
         raise SymmergeError(f"merge --method {method} needs --data PATH (a data set to run the models on)")
     opts = registry.many_options_for(method, options, rounds)

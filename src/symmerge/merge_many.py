@@ -126,6 +126,8 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
         group.agree(lambda: open_checkpoint(out, force, resume), main_only=True)
         ckpt = checkpoint_folder(out)
         runtime.update(checkpoint=ckpt, resume=resume)
+    elif matcher.casts:  # no --dtype: the forward in --precision
+        runtime = {"device": place.device, "dtype": place.dtype} if place is not None else {}
     result = (start if start is not None and start.method == method else
               registry.align_many(method, models, w, families, data, opts=opts, start=start,
                                   progress=progress and group.main, **runtime))

@@ -134,16 +134,16 @@ def _checked(a, b, out, matcher, options: Options, families, data, device, dtype
     from .io import prepare_output
 
     place = devices.placement(device, dtype)
-    forward = [m.name for m in registry.MATCHERS.values() if m.forward]
-    placed = [m.name for m in registry.MATCHERS.values() if m.places]
-    if not matcher.forward and dtype:
+    forward = [m.name for m in registry.MATCHERS.values() if m.forward or m.casts]  # --dtype: the forward's
+    placed = [m.name for m in registry.MATCHERS.values() if m.forward or m.places or m.casts]  # --device
+    resumable = [m.name for m in registry.MATCHERS.values() if m.validates]
+    if not (matcher.forward or matcher.casts) and dtype:
         raise SymmergeError(f"--dtype is for --method {' or '.join(forward)} (the forward's precision); "
                             f"{matcher.name} matching computes in --precision")
-    if not matcher.forward and not matcher.places and device:
-        raise SymmergeError(f"--device is for --method {' or '.join([*forward, *placed])}; "
-                            f"{matcher.name} matching runs on the CPU")
-    if resume and not matcher.forward:
-        raise SymmergeError(f"--resume continues an interrupted --method {' or '.join(forward)} run; "
+    if matcher.name not in placed and device:
+        raise SymmergeError(f"--device is for --method {' or '.join(placed)}; {matcher.name} matching runs on the CPU")
+    if resume and not matcher.validates:
+        raise SymmergeError(f"--resume continues an interrupted --method {' or '.join(resumable)} run; "
                             f"{matcher.name} matching keeps no run to resume: run it again without --resume")
     if not resume:
         prepare_output(out, force, [a, b])  # fail before any work
@@ -186,11 +186,15 @@ def _streamed(a, b, out, matcher, families, opts, place, data, split, seq_len, f
 
     batches = batches_for(matcher, opts, data, a, split, seq_len)
     ma, mb = load_pair(a, b, families, getattr(torch, opts["precision"]))
-    runtime = {"device": place.device} if matcher.places else {}
+    runtime = {"device": place.device} if matcher.places or matcher.casts else {}
+    if matcher.casts:
+        runtime["dtype"] = place.dtype  # None: the forward in --precision
     result = registry.align(matcher.name, ma, mb, families, batches, opts=opts, progress=progress, **runtime)
     rep = summary(a, b, out, mb, result, families)
-    if matcher.places:
+    if matcher.places or matcher.casts:
         rep["device"] = str(place.device)
+    if matcher.casts and place.dtype is not None:
+        rep["dtype"] = devices.dtype_name(place.dtype)
     g = result.elements["B"]
     dtype = out_dtype or mb.dtype
     gauge, side = in_gauge_of(a, out, dtype, ma, rep)

@@ -41,8 +41,9 @@ def register(sub) -> None:
     learn.add_argument("--shard-endpoints", type=int, nargs="?", const=0, default=None, metavar="K",
                        help="under torchrun: FSDP2 shards the frozen endpoints, each process keeping 1/N of them (1/K "
                        "with K: over groups of K processes, replicated across groups; K divides N)")
-    devices.add_arguments(sections.get(DEVICE), "learned/dual's forward and weight matching's products",
-                          dtype_help="working precision of the forward (default: the checkpoint's own dtype)")
+    devices.add_arguments(sections.get(DEVICE), "the forward (activation, learned, dual) and weight matching's products",
+                          dtype_help="working precision of the forward (default: learned/dual: the checkpoint's own "
+                          "dtype; activation: --precision)")
     p.set_defaults(run=run, checkpoints=("a", "b"), spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes
 
 

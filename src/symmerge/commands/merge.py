@@ -55,8 +55,9 @@ def register(sub) -> None:
     for name in MANY_LEARN_OPTIONS:
         add_option(learn, name, help_of(name, ManyOptions).removeprefix("learned/dual: "), cls=ManyOptions)
     learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
-    devices.add_arguments(sections.get(DEVICE, "learned and dual matching only; the others run on the CPU"),
-                          "the forward", dtype_help="working precision of the forward (default: the checkpoint's own dtype)")
+    devices.add_arguments(sections.get(DEVICE, "activation, learned and dual matching; weight matching runs on the CPU"),
+                          "the forward", dtype_help="working precision of the forward (default: learned/dual: the "
+                          "checkpoint's own dtype; activation: --precision)")
     p.set_defaults(run=run, checkpoints=("models",), spreads=lambda args: registry.get(args.method).validates)
 
 

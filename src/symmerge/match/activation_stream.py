@@ -65,15 +65,17 @@ class _Recorder(nn.Module):
 class Runner:
     """One model's stock blocks, run one at a time on recorded inputs (see the module docstring).
 
-    `source`: a `LazyModel` (or a `Model`, served part by part); `dtype`: the forward's precision."""
+    `source`: a `LazyModel` (or a `Model`, served part by part); `dtype`: the forward's precision; `device`:
+    where the forward runs (default: the CPU)."""
 
-    def __init__(self, source, dtype: torch.dtype):
+    def __init__(self, source, dtype: torch.dtype, device=None):
         from types import SimpleNamespace
 
         from ..stream import _bias_probe
 
         self.parts = InMemoryParts(source.params) if isinstance(source, Model) else source
         self.adapter, self.shape, self.dtype = source.adapter, source.shape, dtype
+        self.device = torch.device("cpu") if device is None else torch.device(device)
         hooks = self.adapter.hooks
         if hooks is None or not hooks.norms or hooks.block is None or hooks.attention is None or self.shape.n_experts:
             raise SymmergeError(f"activation matching has no hook points for {self.adapter.name}; use --method weight")
@@ -84,10 +86,10 @@ class Runner:
         config = self.adapter.export_config(source.config, self.shape, {**ends, **probe})
         config._attn_implementation = "eager"  # attention patterns are only returned by the eager path
         config.use_cache = False
-        self.hf = weightless(config, self.shape.hf_class, dtype)
+        self.hf = weightless(config, self.shape.hf_class, dtype, self.device)
         self.base, prefix = self.hf.base_model, self.hf.base_model_prefix + "."
         sd = self.adapter.ends_from_canonical(ends, self.shape)
-        self.base_state = {k[len(prefix):]: v.to(dtype) for k, v in sd.items() if k.startswith(prefix)}
+        self.base_state = {k[len(prefix):]: self._cast(v) for k, v in sd.items() if k.startswith(prefix)}
         self.log: dict = {}
         self.blocks = []
         for i in range(self.shape.n_layers):
@@ -97,11 +99,14 @@ class Runner:
             self.hf.get_submodule(parent).register_module(idx, _Recorder(i, self.log))
         norm = hooks.final_norm
         self.final_norm = self.hf.get_submodule(norm)
-        self.final_state = {k[len(norm) + 1:]: v.to(dtype) for k, v in sd.items() if k.startswith(norm + ".")}
+        self.final_state = {k[len(norm) + 1:]: self._cast(v) for k, v in sd.items() if k.startswith(norm + ".")}
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self.device, dtype=self.dtype)
 
     def start(self, batch: dict):
         """The stream after the embeddings, each block's other arguments, and the token mask, for one batch."""
-        inputs = model_inputs(batch, self.dtype)
+        inputs = model_inputs(batch, self.dtype, self.device)
         self.log.clear()
         with torch.no_grad():
             functional_call(self.base, self.base_state, args=(), kwargs=inputs)
@@ -113,7 +118,7 @@ class Runner:
         prefix = self.hooks.layer(i).block + "."
         sd = self.adapter.block_from_canonical(part, self.shape, i)
         local = {k for k, _ in self.blocks[i].named_parameters()}
-        return {k[len(prefix):]: v.to(self.dtype) for k, v in sd.items() if k[len(prefix):] in local}
+        return {k[len(prefix):]: self._cast(v) for k, v in sd.items() if k[len(prefix):] in local}
 
     def run(self, i: int, state: dict, hidden, call, keep):
         """Block i on one batch; `keep(kind, tensor)` receives what the hook points see."""
@@ -135,17 +140,18 @@ class Runner:
             return functional_call(self.final_norm, self.final_state, (hidden,))
 
 
-def _tokens(t: torch.Tensor, mask) -> torch.Tensor:
-    """`[batch, seq, features] -> [tokens, features]` (the unmasked tokens), in the forward's precision."""
-    t = t.detach()
+def _tokens(t: torch.Tensor, mask, dtype: torch.dtype) -> torch.Tensor:
+    """`[batch, seq, features] -> [tokens, features]` (the unmasked tokens), in the statistics' precision
+    `dtype` (a 16-bit forward's activations are summed in it, not in 16 bits)."""
+    t = t.detach().to(dtype)
     return t.reshape(-1, t.shape[-1]) if mask is None else t[mask]
 
 
 class _Residual:
     """The residual rotation's statistics: `sum a b^T` over every normalised stream, and both sides' norms."""
 
-    def __init__(self, d: int):
-        self.c, self.aa, self.bb = torch.zeros(d, d, dtype=G.DTYPE), 0.0, 0.0
+    def __init__(self, d: int, device):
+        self.c, self.aa, self.bb = torch.zeros(d, d, dtype=G.DTYPE, device=device), 0.0, 0.0
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
         self.c += a.T @ b
@@ -154,15 +160,18 @@ class _Residual:
 
 def activation_match_streaming(a, b, batches: list[dict], families: list[str] | None = None,
                                max_tokens: int = 20000, dtype: torch.dtype = torch.float64,
-                               progress: bool = False) -> MatchResult:
+                               progress: bool = False, device=None, forward: torch.dtype | None = None) -> MatchResult:
     """The element g making g·B's activations closest to A's, streamed (see the module docstring).
 
-    `a`, `b`: `LazyModel`s (or `Model`s); `dtype`: the forward's precision (float64: today's in-memory
-    path to rounding; float32 at scale). Batches are taken in order until `max_tokens` tokens are reached."""
+    `a`, `b`: `LazyModel`s (or `Model`s); `dtype`: the precision of the statistics, and of the forward unless
+    `forward` says otherwise (float64: the in-memory path to rounding; float32 at scale; `forward` bfloat16:
+    16-bit activations summed in `dtype`); `device`: where the forward runs and the statistics are summed
+    (default: the CPU; the groups are solved on the CPU). Batches are taken in order until `max_tokens`
+    tokens are reached."""
     from ..progress import tqdm
 
     start = time.perf_counter()
-    ra, rb = Runner(a, dtype), Runner(b, dtype)
+    ra, rb = Runner(a, forward or dtype, device), Runner(b, forward or dtype, device)
     spec = b.spec.restricted(families)
     chosen = set(spec.select(families))
     streams, count = [], 0
@@ -178,7 +187,7 @@ def activation_match_streaming(a, b, batches: list[dict], families: list[str] | 
     ra.base_state = rb.base_state = None  # the embeddings are no longer needed
     g = {n: G.identity(grp) for n, grp in spec.groups.items()}
     fit: dict = {}
-    res = _Residual(spec.shape.d_model)
+    res = _Residual(spec.shape.d_model, ra.device)
     at_start, moved = ResidualFit(spec), ResidualFit(spec)
     for key in ("embed", "final"):
         pa, pb = ra.parts.part(key), rb.parts.part(key)
@@ -187,16 +196,16 @@ def activation_match_streaming(a, b, batches: list[dict], families: list[str] | 
     scale = writer_scale(spec, chosen, ra.eps, rb.eps)
     for i in tqdm(range(spec.shape.n_layers), desc="activation matching", disable=not progress):
         pa, pb = ra.parts.part(i), rb.parts.part(i)
-        _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res, scale)
+        _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res, scale, dtype)
         at_start.add_distances(pa, pb)
         moved.add(pa, apply(spec, {n: x for n, x in g.items() if spec.groups[n].layer == i}, pb))
         del pa, pb
     for s in streams:
-        res.add(_tokens(ra.final(s[0]), s[4]), _tokens(rb.final(s[1]), s[4]))
+        res.add(_tokens(ra.final(s[0]), s[4], dtype), _tokens(rb.final(s[1]), s[4], dtype))
     rot = ROTATION
     if rot in chosen:
-        g[rot] = best_rotation(spec.groups[rot], res.c)
-        fit["residual_r2"] = 1 - (res.aa + res.bb - 2 * float((g[rot] * res.c).sum())) / res.aa
+        g[rot] = best_rotation(spec.groups[rot], res.c.cpu())
+        fit["residual_r2"] = 1 - (res.aa + res.bb - 2 * float((g[rot] * res.c.cpu()).sum())) / res.aa
     r, s = g[rot], torch.tensor(1.0, dtype=G.DTYPE)
     if SCALE in chosen:  # invisible to the data: the least-squares scale given everything else
         r, s = moved.solve(r, s, rotation=False, scale=True)
@@ -206,30 +215,33 @@ def activation_match_streaming(a, b, batches: list[dict], families: list[str] | 
     return MatchResult(g, history, time.perf_counter() - start, 0, len(chosen), {"fit": fit})
 
 
-def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, scale: float) -> None:
-    """Block i of both models on every batch (statistics accumulated, streams advanced), then layer i's groups."""
+def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, scale: float, dtype) -> None:
+    """Block i of both models on every batch (statistics accumulated in `dtype` and float64 on the forward's
+    device, streams advanced), then layer i's groups (on the CPU)."""
     sa, sb = ra.block_state(i, pa), rb.block_state(i, pb)
     h = ra.hooks.layer(i)
     d, heads = spec.shape.d_model, spec.shape.n_heads
-    ffn = FfnMoments()  # in the forward's precision (float32 at scale: d_mlp^2 entries)
-    moment = torch.zeros(2 * d + 2, 2 * d + 2, dtype=G.DTYPE)  # of [x_A; 1; x_B; 1], x the attention input
-    patterns = torch.zeros(heads, heads, dtype=G.DTYPE)
+    ffn = FfnMoments()  # in `dtype` (float32 at scale: d_mlp^2 entries)
+    moment = torch.zeros(2 * d + 2, 2 * d + 2, dtype=G.DTYPE, device=ra.device)  # of [x_A; 1; x_B; 1], x the attention input
+    patterns = torch.zeros(heads, heads, dtype=G.DTYPE, device=ra.device)
+    tokens = lambda t, mask: _tokens(t, mask, dtype)  # noqa: E731
     for s in streams:
         mask = s[4]
         seen = {}
         s[0] = ra.run(i, sa, s[0], s[2][i], lambda k, t, seen=seen: seen.__setitem__(("A", k), t))
         s[1] = rb.run(i, sb, s[1], s[3][i], lambda k, t, seen=seen: seen.__setitem__(("B", k), t))
         for n in h.norms:
-            res.add(_tokens(seen[("A", ("norm", n))], mask), _tokens(seen[("B", ("norm", n))], mask))
-        xa, xb = _tokens(seen[("A", ("norm", h.attn_norm))], mask), _tokens(seen[("B", ("norm", h.attn_norm))], mask)
-        one = torch.ones(xa.shape[0], 1, dtype=xa.dtype)
+            res.add(tokens(seen[("A", ("norm", n))], mask), tokens(seen[("B", ("norm", n))], mask))
+        xa, xb = tokens(seen[("A", ("norm", h.attn_norm))], mask), tokens(seen[("B", ("norm", h.attn_norm))], mask)
+        one = torch.ones(xa.shape[0], 1, dtype=xa.dtype, device=xa.device)
         z = torch.cat([xa, one, xb, one], 1)  # [tokens, 2d + 2]
         moment += z.T @ z
-        ffn.add(_tokens(seen[("A", "ffn")], mask), _tokens(seen[("B", "ffn")], mask))
+        ffn.add(tokens(seen[("A", "ffn")], mask), tokens(seen[("B", "ffn")], mask))
         pat = [seen[(m, "pattern")].detach().to(G.DTYPE) for m in "AB"]  # [batch, heads, T, T]
         pat = [p.transpose(0, 1).reshape(heads, -1) for p in pat]
         patterns += pat[0] @ pat[1].T
-    head_perms(spec, chosen, g, patterns, i)
+    head_perms(spec, chosen, g, patterns.cpu(), i)
+    moment = moment.cpu()
     kind = pa[next(iter(pa))].dtype  # the canonical tensors' precision
     basis = torch.cat([torch.eye(d, dtype=kind), torch.zeros(d, 1, dtype=kind)], 1)  # x~ = [x; 1] -> x
     ones = torch.zeros(d + 1, dtype=kind)
@@ -247,5 +259,5 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         return out[0], out[1], out[2], out[3]
 
     head_maps(spec, chosen, g, i, sides)
-    corr, rms_a, rms_b = ffn.correlation()
+    corr, rms_a, rms_b = (t.cpu() for t in ffn.correlation())
     ffn_step(spec, chosen, g, fit, corr, rms_a, rms_b, i)

@@ -328,21 +328,24 @@ def average_loss(models: list, elements: list[dict], weights: list[float], batch
 
 
 def activation_match_many(models: list, weights: list[float], batches: list[dict], families: list[str] | None = None,
-                          max_rounds: int = 10, seed: int = 0, tol: float = ROUND_TOL, progress: bool = False) -> ManyResult:
+                          max_rounds: int = 10, seed: int = 0, tol: float = ROUND_TOL, progress: bool = False,
+                          device=None, dtype: torch.dtype | None = None) -> ManyResult:
     """Activation matching of many in-memory `Model`s, by the schedule of the module docstring: model i is
-    matched (`activation.activation_match`, from scratch) to the leave-one-out mean *model* of the others,
-    whose activations come from running it. The objective is minus the stock HF loss of the weighted
-    average on `batches` (the data the activations are taken on): higher is better, never decreasing."""
+    matched (`activation_stream.activation_match_streaming`, from scratch, one block of each at a time) to the
+    leave-one-out mean *model* of the others, whose activations come from running it. The objective is minus
+    the stock HF loss of the weighted average on `batches` (the data the activations are taken on): higher
+    is better, never decreasing. `device`, `dtype`: where the forwards (matching's and the objective's) run
+    and their working precision (default: the CPU, float64); the statistics are summed in float64."""
     from ..evaluate import StockForward
-    from .activation import activation_match
+    from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)
-    forward = StockForward(models[0], torch.float64)
+    forward = StockForward(models[0], dtype or torch.float64, device)
 
     def match(i, keep, elements, g0):
         t0 = time.perf_counter()
         target = mean_model(models, elements, weights, keep)
-        g = activation_match(target, models[i], batches, families).g
+        g = activation_match_streaming(target, models[i], batches, families, device=device, forward=dtype).g
         return Step(g, time.perf_counter() - t0)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}

@@ -14,7 +14,7 @@ A matcher is registered with
   the matcher and its start (`options_for`), `runtime` what does not change the result (`progress`)
   or belongs to one call (`checkpoint`, `resume` of learned matching; `device`, `dtype` of the
   matchers with `forward`: where their forward runs, `devices.Placement`; `device` of the matchers that
-  `places`: where their large products run).
+  `places`: where their large products run; `device`, `dtype` of those that `cast`: their forward's, None: --precision).
 
 A matcher may also have a many-model form (`many`), run by `align_many` for `symmerge merge`: every model
 brought into shared coordinates, its options the matcher's and `options.ManyOptions`.
@@ -83,6 +83,7 @@ class Matcher:
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
     places: bool = False  # runs its large products where runtime `device` says (weight matching; no `dtype`)
+    casts: bool = False  # runs its forward where runtime `device` says, in runtime `dtype` (None: in --precision)
     many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
 
 
@@ -104,11 +105,11 @@ def _run_weight(a, b, families, data, opts, start, progress: bool = False, devic
     return _from_match("weight", res)
 
 
-def _run_activation(a, b, families, data, opts, start, progress: bool = False) -> Alignment:
+def _run_activation(a, b, families, data, opts, start, progress: bool = False, device=None, dtype=None) -> Alignment:
     from .activation_stream import activation_match_streaming
 
     res = activation_match_streaming(a, b, data.train, families, dtype=getattr(torch, opts["precision"]),
-                                     progress=progress)
+                                     progress=progress, device=device, forward=dtype)
     return _from_match("activation", res)
 
 
@@ -156,13 +157,15 @@ def _run_weight_many(sources, weights, families, data, opts, start=None, progres
     return ManyAlignment("weight", res.elements, _many_figures(res, name))
 
 
-def _run_activation_many(sources, weights, families, data, opts, start=None, progress: bool = False) -> ManyAlignment:
+def _run_activation_many(sources, weights, families, data, opts, start=None, progress: bool = False, device=None,
+                         dtype=None) -> ManyAlignment:
     from .many import activation_match_many
 
     res = activation_match_many([_in_memory(s) for s in sources], weights, data.train, families, opts["max_rounds"],
-                                opts["order_seed"], opts["round_tol"], progress=progress)
+                                opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype)
     figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
     figures["average_loss"] = [-v for v in res.history]
+    figures["device"], figures["dtype"] = str(device or "cpu"), str(dtype or torch.float64).replace("torch.", "")
     return ManyAlignment("activation", res.elements, figures)
 
 
@@ -185,7 +188,7 @@ MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free, from the weights", False, _run_weight, WeightOptions,
             streams=True, places=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "from activations on --data", True, _run_activation,
-            ActivationOptions, streams=True, many=_run_activation_many),
+            ActivationOptions, streams=True, casts=True, many=_run_activation_many),
     Matcher("learned", "learned matching", "B's element learned on the path's loss", True,
             partial(_run_learned, "learned"), LearnedOptions, validates=True, starts_from="weight", forward=True,
             many=partial(_run_learned_many, "learned")),
