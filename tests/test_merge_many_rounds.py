@@ -20,7 +20,8 @@ from symmerge.match import registry
 from symmerge.match.many import ROUND_TOL, objective, weight_match_many
 from symmerge.match.options import ManyOptions
 from symmerge.match.part_cache import PartCache
-from symmerge.model import LazyModel, load_model, part_keys
+from symmerge.model import LazyModel, load_model
+from symmerge.parts import part_keys
 
 
 @pytest.fixture(scope="module")

@@ -258,7 +258,8 @@ def transform(model, out, seed: int = 0, groups: list[str] | None = None, spread
     from .apply import apply
     from .elements import random_element
     from .io import prepare_output
-    from .stream import LazyModel, write_streaming
+    from .model import LazyModel
+    from .stream import write_streaming
 
     model = _path(model)
     prepare_output(out, force, [model])  # fail before any work

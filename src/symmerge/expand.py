@@ -42,12 +42,11 @@ from .adapters import adapter_for
 from .canonical import POST_NORM
 from .errors import SymmergeError
 from .io import load_config, prepare_output
-from .model import LazyModel, Model, expected_tensors, part_keys
+from .model import LazyModel, Model, expected_tensors, in_memory, read_whole
+from .parts import ModelParts, Params
 from .rotary import Pairing
 from .shape import ModelShape
 from .spec import QK_MAP, RESIDUAL_ROTATION, Spec, build_spec
-
-Params = dict[str, torch.Tensor]
 
 #: ModelShape fields that must be equal on both sides (the rest are widths, checked to grow, or free)
 SAME = {"arch": "architectures", "hf_class": "classes", "n_layers": "layer counts", "vocab": "vocabularies (or classes)",
@@ -222,7 +221,7 @@ def expand_params(e: Expansion, wide_spec: Spec, params: Params) -> Params:
     return out
 
 
-class ExpandedModel:
+class ExpandedModel(ModelParts):
     """A `LazyModel` of NARROW seen in WIDE's config: parts are expanded as they are read, so
     `stream.write_streaming` writes the expansion one block at a time."""
 
@@ -235,18 +234,14 @@ class ExpandedModel:
     def part(self, key) -> Params:
         return expand_params(self.e, self.spec, self.narrow.part(key))
 
-    def ends(self) -> Params:
-        return {**self.part("embed"), **self.part("final")}
-
     def as_model(self) -> Model:
-        params = {k: v for key in part_keys(self.shape) for k, v in self.part(key).items()}
-        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, dict(self.meta))
+        return read_whole(self)
 
 
 def expanded_like(narrow, wide_config):
     """NARROW (a `Model` in memory or a `LazyModel`) in the shape of `wide_config`, of the same kind."""
     e = plan(narrow.adapter, narrow.config, wide_config)
-    if isinstance(narrow, Model):
+    if in_memory(narrow):
         spec = build_spec(e.wide)
         return Model(narrow.path, wide_config, narrow.adapter, e.wide, spec, expand_params(e, spec, narrow.params),
                      narrow.dtype, dict(narrow.meta))

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from .errors import SymmergeError
-from .model import Model
+from .model import in_memory
 
 #: shape fields that may differ between two models that are still interpolable
 _FREE_FIELDS = ("eps", "tied")
@@ -33,7 +33,7 @@ def check_compatible(a, b, name_a: str = "A", name_b: str = "B") -> None:
             raise SymmergeError(f"{name_a} and {name_b} differ in {what}: {key}={sa[key]} vs {sb[key]}; "
                                 "only checkpoints of the same architecture and sizes can be aligned or merged")
     check_same_preprocessing(getattr(a, "path", None), getattr(b, "path", None), name_a, name_b)
-    if isinstance(a, Model) and isinstance(b, Model):
+    if in_memory(a) and in_memory(b):
         check_same_tensors(a.params, b.params, name_a, name_b)
 
 

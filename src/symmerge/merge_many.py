@@ -24,6 +24,7 @@ from .errors import SymmergeError
 from .io import AtomicFolders
 from .match import registry
 from .match.many import MeanParts
+from .parts import ModelParts
 from .simplex import check_weights
 
 
@@ -55,8 +56,8 @@ def check_outputs(inputs: list, outputs: list, force: bool) -> None:
         prepare_output(o, force)
 
 
-class MeanView:
-    """A `LazyModel`-like view of the weighted mean of `g_i·M_i` (what `stream.write_streaming` reads)."""
+class MeanView(ModelParts):
+    """The weighted mean of `g_i·M_i` as a model served part by part (what `stream.write_streaming` reads)."""
 
     def __init__(self, models: list, elements: list[dict], weights: list[float]):
         first = models[0]
@@ -66,9 +67,6 @@ class MeanView:
 
     def part(self, key):
         return self.mean.part(key)
-
-    def ends(self):
-        return {**self.part("embed"), **self.part("final")}
 
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
@@ -92,7 +90,6 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     frozen in their own dtype and run block by block (`learn_many.ManyLearner`), keep their run's state in
     OUT.learn-state until OUT is written (`resume`: continue it) and, under torchrun, take every process's
     rows of each batch: the first process writes OUT and returns the report, the others None."""
-    from .expand import ExpandedModel
     from .match.summary import summarize
     from .model import LazyModel
     from .stream import write_streaming
@@ -106,7 +103,8 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
         raise SymmergeError(f"merge --method {method} needs --data PATH (a data set to run the models on)")
     opts = registry.many_options_for(method, opts)  # checked: `match.options`
     names = [str(p) for p in paths]
-    models, ref = check_models([LazyModel(p, getattr(torch, opts.get("precision", "float64"))) for p in paths], names)
+    inputs = [LazyModel(p, getattr(torch, opts.get("precision", "float64"))) for p in paths]
+    models, ref = check_models(inputs, names)
     families = models[0].spec.default_families() if families == "default" else families
     models[0].spec.select(families)  # unknown or absent families fail here, before any work
     check_outputs(paths, [out, aligned], force)
@@ -137,7 +135,7 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     rep = {"method": result.method, "models": names, "weights": w, "out": str(out),
            "aligned": None if aligned is None else [str(Path(aligned) / str(i + 1)) for i in range(len(paths))],
            "groups_selected": families or models[0].spec.families(),
-           "expanded": [i + 1 for i, m in enumerate(models) if isinstance(m, ExpandedModel)],
+           "expanded": [i + 1 for i, (m, given) in enumerate(zip(models, inputs)) if m is not given],
            "gauge_of": names[ref], **result.figures,
            "found": [summarize(m.spec, g, selected) for m, g in zip(models, result.elements)]}
     meta = {"merge": {k: rep[k] for k in ("method", "models", "weights", "groups_selected", "objective")}}

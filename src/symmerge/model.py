@@ -17,17 +17,17 @@ from .adapters import adapter_for
 from .adapters.base import Adapter
 from .errors import SymmergeError
 from .io import AtomicFolder, Checkpoint, copy_side_files, prepare_output, write_weights
+from .parts import InMemoryParts, ModelParts, Params, part_keys
 from .provenance import write_metadata
 from .shape import ModelShape
 from .spec import Spec, build_spec
 from .stored import StoredNames
 
-Params = dict[str, torch.Tensor]
-
 
 @dataclass
 class Model:
-    """A checkpoint in canonical form: everything the algorithms need, nothing tied to nn.Module."""
+    """A checkpoint in canonical form, held in memory whole: everything the algorithms need, nothing tied to
+    nn.Module. Served part by part through a view (`parts`, `as_parts`)."""
 
     path: Path | None
     config: object  # the HF config of the source checkpoint
@@ -37,6 +37,32 @@ class Model:
     params: dict[str, torch.Tensor]
     dtype: torch.dtype = torch.float32
     meta: dict = field(default_factory=dict)
+
+    def parts(self, dtype: torch.dtype = torch.float64) -> InMemoryParts:
+        """Its parameters served part by part in `dtype` (`parts.Parts`)."""
+        return InMemoryParts(self.params, dtype)
+
+    def as_model(self) -> Model:
+        """Itself (a `LazyModel` is read into memory by its own `as_model`)."""
+        return self
+
+
+def in_memory(source) -> bool:
+    """Whether `source` is a model held in memory whole (a `Model`, or a dict of canonical tensors) rather than
+    one served part by part (`parts.Parts`). The paths that differ for it: an element applied to the whole model
+    and saved at once (`match.outputs.write_element`), the tensors compared whole (`merge.check_compatible`), an
+    expansion kept in memory (`expand.expanded_like`), a mean kept in memory (`match.many`), a frozen store
+    read from its float64 view (`match.blockwise.reader_of`)."""
+    return isinstance(source, (Model, dict))
+
+
+def as_parts(source, dtype: torch.dtype = torch.float64):
+    """`source` served part by part (`parts.Parts`): a model in memory (a `Model`, or a dict of canonical
+    tensors) through a view in `dtype` (`InMemoryParts`), anything that serves parts already (a `LazyModel`,
+    read in its own precision; a mean, ...) as it is."""
+    if isinstance(source, dict):
+        return InMemoryParts(source, dtype)
+    return source.parts(dtype) if in_memory(source) else source
 
 
 def hf_class(name: str):
@@ -89,32 +115,7 @@ def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names:
             )
 
 
-def part_keys(shape: ModelShape) -> list:
-    """The parts a model is read in: "embed", the block indices, "final" (head, final norm, eps)."""
-    return ["embed", *range(shape.n_layers), "final"]
-
-
-def part_of(name: str):
-    """The part key a canonical tensor belongs to."""
-    if name.startswith("blocks."):
-        return int(name.split(".")[1])
-    return "embed" if name.startswith("embed.") else "final"
-
-
-class InMemoryParts:
-    """Canonical parameters already in memory, served part by part like a `LazyModel`."""
-
-    def __init__(self, params: Params, dtype: torch.dtype = torch.float64):
-        self.parts: dict = {}
-        for name, t in params.items():
-            self.parts.setdefault(part_of(name), {})[name] = t
-        self.dtype = dtype
-
-    def part(self, key) -> Params:
-        return {k: v.to(self.dtype) for k, v in self.parts.get(key, {}).items()}
-
-
-class LazyModel:
+class LazyModel(ModelParts):
     """A checkpoint whose canonical tensors are read one part at a time, in `dtype` (the algebra's precision).
 
     Files are closed after each part, so memory mapped for reading does not accumulate over a pass."""
@@ -161,14 +162,16 @@ class LazyModel:
         finally:
             self.ckpt.close()
 
-    def ends(self) -> Params:
-        """Canonical embeddings, final norm, head and eps."""
-        return {**self.part("embed"), **self.part("final")}
-
     def as_model(self) -> Model:
         """Everything in memory (for small models)."""
-        params = {k: v for key in part_keys(self.shape) for k, v in self.part(key).items()}
-        return Model(self.path, self.config, self.adapter, self.shape, self.spec, params, self.dtype, dict(self.meta))
+        return read_whole(self)
+
+
+def read_whole(source: ModelParts) -> Model:
+    """Every part of `source` (a `LazyModel`, an expanded one) read into one `Model` in memory."""
+    params = {k: v for key in part_keys(source.shape) for k, v in source.part(key).items()}
+    return Model(source.path, source.config, source.adapter, source.shape, source.spec, params, source.dtype,
+                 dict(source.meta))
 
 
 def load_model(path) -> Model:
@@ -245,7 +248,7 @@ def reference_gauge(reference, like=None):
     the reference so expanded (`expand` folds its norms into the readers and writes unit norms)."""
     from .gauge import Gauge
 
-    ref = reference if isinstance(reference, LazyModel) else LazyModel(reference)
+    ref = LazyModel(reference) if isinstance(reference, (str, Path)) else reference
     if like is not None and like.shape != ref.shape:
         print(f"symmerge: {ref.path} is expanded into a wider config: writing the outputs in canonical form (unit "
               "norm weights), the gauge in which `symmerge expand` writes it", file=sys.stderr)

@@ -16,15 +16,14 @@ import torch
 
 from .gauge import export_part, tied_scale
 from .io import AtomicFolder, ShardWriter, copy_side_files, prepare_output
-from .model import LazyModel, keep_expected
+from .model import keep_expected
+from .parts import ModelParts, Params
 from .progress import tqdm
 from .provenance import write_metadata
 from .threads import one_thread
 
-Params = dict[str, torch.Tensor]
 
-
-def write_streaming(model: LazyModel, transform: Callable[[Params], Params], out, force: bool = False,
+def write_streaming(model: ModelParts, transform: Callable[[Params], Params], out, force: bool = False,
                     dtype: torch.dtype | None = None, extra: dict | None = None,
                     max_shard_bytes: int = 2 * 1024**3, progress: bool = True, gauge=None,
                     side: dict[str, str] | None = None, into: Path | None = None) -> Path:
@@ -70,7 +69,7 @@ def _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes
     return out
 
 
-def _bias_probe(model: LazyModel, ends: Params, exported: Callable[[Params], Params] | None = None) -> Params:
+def _bias_probe(model, ends: Params, exported: Callable[[Params], Params] | None = None) -> Params:
     """What `export_config` reads of the blocks: whether any attention bias is non-zero.
 
     Group elements map zero biases to zero and non-zero ones to non-zero, so the source decides; a

@@ -40,7 +40,7 @@ from .. import groups as G
 from ..apply import apply
 from ..errors import SymmergeError
 from ..evaluate import model_inputs
-from ..model import InMemoryParts, Model
+from ..model import as_parts
 from ..spec import ROTATION, SCALE
 from .activation import ffn_step, head_maps, head_perms, hook_stream, in_a_order, map_sides, side_data, writer_scale
 from .activation_stats import FfnMoments, sides_factor
@@ -73,14 +73,14 @@ class Runner:
 
         from ..stream import _bias_probe
 
-        self.parts = InMemoryParts(source.params) if isinstance(source, Model) else source
+        self.parts = as_parts(source)
         self.adapter, self.shape, self.dtype = source.adapter, source.shape, dtype
         self.device = torch.device("cpu") if device is None else torch.device(device)
         hooks = self.adapter.hooks
         if hooks is None or not hooks.norms or hooks.block is None or hooks.attention is None or self.shape.n_experts:
             raise SymmergeError(f"activation matching has no hook points for {self.adapter.name}; use --method weight")
         self.hooks = hooks
-        ends = {**self.parts.part("embed"), **self.parts.part("final")}
+        ends = self.parts.ends()
         self.eps = ends.get("norm.eps")
         probe = _bias_probe(SimpleNamespace(part=self.parts.part, shape=self.shape), ends)
         config = self.adapter.export_config(source.config, self.shape, {**ends, **probe})

@@ -1,7 +1,7 @@
 """The block-wise forward of learned and dual matching: the stock HF blocks run one at a time on weights
 materialised inside the forward, so that memory holds the frozen endpoints and one block's worth more.
 
-- `Frozen`: one endpoint's canonical tensors, read part by part (`model.part_keys`: embeddings, each
+- `Frozen`: one endpoint's canonical tensors, read part by part (`parts.part_keys`: embeddings, each
   block, final norm and head) from a `Model` in memory or a `LazyModel` (its safetensors files read one
   part at a time, in float64, or float32 for a 16-bit store: `read_dtype`), moved by a fixed element on
   the way if asked (dual: the absorbed weight-matching solution) and kept in the checkpoint's own dtype on
@@ -49,9 +49,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ..errors import SymmergeError
 from ..evaluate import model_inputs
-from ..model import InMemoryParts, Model, default_dtype, hf_class, part_keys, part_of, runs_in
+from ..model import as_parts, default_dtype, hf_class, in_memory, runs_in
+from ..parts import Params, Parts, part_keys, part_of
 
-Params = dict[str, torch.Tensor]
 #: what `end_state` hands `ends_from_canonical` for a tensor fed by rows (never reaches the stock model)
 _ABSENT = torch.empty(0, dtype=torch.float64)
 #: what the backward recomputes of each block: "block" (its weights and activations: memory holds one
@@ -94,7 +94,7 @@ def release_freed_heap() -> None:
         pass
 
 
-class Frozen:
+class Frozen(Parts):
     """One endpoint's frozen canonical tensors, part by part, in `dtype` (default: the checkpoint's own) on
     `device`; `transform(part)` (a fixed group element) is applied before they are kept.
 
@@ -140,10 +140,10 @@ def read_dtype(kept: torch.dtype) -> torch.dtype:
 
 
 def reader_of(source, kept: torch.dtype):
-    """What a frozen store reads `source` through, part by part: a `Model`'s parameters in memory, a
-    `LazyModel` in `read_dtype(kept)`, anything else with `part(key)` as it is."""
-    if isinstance(source, Model):
-        return InMemoryParts(source.params)
+    """What a frozen store reads `source` through, part by part: a `Model` in memory through its float64 view,
+    a `LazyModel` in `read_dtype(kept)`, any other `parts.Parts` (an expanded model) as it is."""
+    if in_memory(source):
+        return as_parts(source)
     return source.at_dtype(read_dtype(kept)) if hasattr(source, "at_dtype") else source
 
 
@@ -315,7 +315,7 @@ class BlockwiseForward:
             self.prefixes.append(name + ".")
             self.block_keys.append({k for k, _ in stock.named_parameters()})
             self.hf.get_submodule(parent).register_module(idx, _StandIn(stock, i, self))
-        ends = {**endpoints[0].part("embed"), **endpoints[0].part("final")}
+        ends = endpoints[0].ends()
         self.vocab = vocab_modules(self.hf, self.adapter, self.shape, model.spec, ends)
         self.vocab_names = {c for v in self.vocab for c in v.tensors.values()}
         for v in self.vocab:

@@ -98,7 +98,7 @@ class ManyLearner:
                        for g, m in zip(self.init, models)]
         fill(self.frozen)  # every model's ends first (see `blockwise.fill`)
         self.forward = BlockwiseForward(models[0], self.frozen, DTYPES[cfg.dtype], device, cfg.recompute)
-        eps = self.frozen[0].part("final").get("norm.eps")
+        eps = self.frozen[0].scalars("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
         self.rescale = self.eps0 is not None and SCALE in self.spec.groups
 
@@ -153,7 +153,7 @@ class ManyLearner:
                     for g in raw]
         scale = None
         if self.rescale:
-            scale = eps_scale(self.spec, self.eps0, [f.part("final")["norm.eps"] for f in self.frozen],
+            scale = eps_scale(self.spec, self.eps0, [f.scalars("final")["norm.eps"] for f in self.frozen],
                               [g[SCALE] for g in raw], alpha, self.forward.dtype, self.forward.device)
         dt = self.forward.dtype
 

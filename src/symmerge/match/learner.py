@@ -15,13 +15,13 @@ from ..apply import Prepared, StraightThrough, apply
 from ..elements import compose, identity_element
 from ..errors import SymmergeError
 from ..merge import check_compatible
-from ..model import part_keys, part_of
+from ..parts import part_keys, part_of
 from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, PartFn, fill
 from .learn_config import DTYPES, LearnConfig
 from .objectives import PathObjective
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
-from .sharded import frozen, scalars
+from .sharded import frozen
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Learner:
         self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
         fill(list(self.frozen.values()))  # the ends of both first (see `blockwise.fill`)
         self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device, cfg.recompute)
-        eps = scalars(self.frozen["A"], "final").get("norm.eps")
+        eps = self.frozen["A"].scalars("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)
         self.rescale = self.eps0 is not None and SCALE in self.spec.groups
         #: dual without a learned residual scale: the path is run as (1 - lam)·A + lam·(gA^-1 gB)·B (`moves`)
@@ -252,7 +252,7 @@ class Learner:
         if not self.rescale:
             return None
         sides = ("A", "B")
-        return eps_scale(self.spec, self.eps0, [scalars(self.frozen[s], "final")["norm.eps"] for s in sides],
+        return eps_scale(self.spec, self.eps0, [self.frozen[s].scalars("final")["norm.eps"] for s in sides],
                          [elements[s][SCALE] if s in elements else None for s in sides], [1 - lam, lam],
                          self.forward.dtype, self.forward.device)
 

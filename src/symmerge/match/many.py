@@ -61,7 +61,8 @@ import torch
 
 from .. import groups as G
 from ..apply import apply
-from ..model import part_keys
+from ..model import as_parts, in_memory
+from ..parts import Parts, part_keys
 from ..spec import Spec
 from ..threads import one_thread
 from .part_cache import PartCache
@@ -73,8 +74,8 @@ from .weight import weight_match
 ROUND_TOL = 1e-4
 
 
-class MeanParts:
-    """The weighted mean of `g_j·P_j` over the models `keep`, served part by part like a `LazyModel`.
+class MeanParts(Parts):
+    """The weighted mean of `g_j·P_j` over the models `keep`, served part by part.
 
     Where the models of `keep` all weigh 0 (a merge weight of 1 elsewhere), the mean is uniform over them:
     such models do not enter the objective, and any shared coordinates do for them."""
@@ -95,16 +96,9 @@ class MeanParts:
         return out
 
 
-def as_parts(sources: list, dtype: torch.dtype = G.DTYPE) -> list:
-    """Canonical dicts served part by part (`model.InMemoryParts`); `LazyModel`s as they are."""
-    from ..model import InMemoryParts
-
-    return [InMemoryParts(s, dtype) if isinstance(s, dict) else s for s in sources]
-
-
 def objective_terms(spec: Spec, sources: list, elements: list[dict], weights: list[float]) -> tuple[float, float]:
     """(sum_i w_i ||g_i·P_i - M||^2, sum_i w_i ||P_i||^2), streamed one part of every model at a time."""
-    sources = as_parts(sources)
+    sources = [as_parts(s) for s in sources]
     spread, norm2 = [], []
     for key in part_keys(spec.shape):
         parts = [src.part(key) for src in sources]
@@ -247,7 +241,7 @@ def with_scales(spec: Spec, elements: list[dict], scales: list[float] | None) ->
     return [{**g, name: G.compose(grp, g[name], scale_element(spec, a)[name])} for g, a in zip(elements, scales)]
 
 
-class ScaledParts:
+class ScaledParts(Parts):
     """A source served part by part with the residual scale `a` applied (`scale_gauge`)."""
 
     def __init__(self, spec: Spec, source, a: float):
@@ -261,14 +255,12 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
                       max_rounds: int = 10, max_iters: int = 20, seed: int = 0, tol: float = ROUND_TOL,
                       dtype: torch.dtype = G.DTYPE, progress: bool = False, products: str | None = None,
                       cache_on_disk: bool | None = None) -> ManyResult:
-    """The elements bringing every model of `sources` (canonical dicts or `LazyModel`s of one shape) into
+    """The elements bringing every model of `sources` (canonical dicts, `Model`s or `LazyModel`s of one shape) into
     shared coordinates, by the schedule in the module docstring; `weights` sum to 1; `products` as
     `weight.weight_match`'s. `cache_on_disk`: where each match's target mean is kept (None: on disk when
     some source streams from a checkpoint, in memory when all are in memory)."""
-    from ..model import InMemoryParts
-
-    inputs = as_parts(sources, dtype)
-    on_disk = (not all(isinstance(s, InMemoryParts) for s in inputs)) if cache_on_disk is None else cache_on_disk
+    inputs = [as_parts(s, dtype) for s in sources]
+    on_disk = (not all(in_memory(s) for s in sources)) if cache_on_disk is None else cache_on_disk
     scales = scale_gauge(spec, inputs, families)
     srcs = inputs if scales is None else [s if a == 1.0 else ScaledParts(spec, s, a) for s, a in zip(inputs, scales)]
     norm2 = {}  # sum_j w_j ||P_j||^2, from the first objective (it does not move)
@@ -313,7 +305,7 @@ def mean_model(models: list, elements: list[dict], weights: list[float], keep: l
     from ..model import Model
 
     m0 = models[0]
-    mean = MeanParts(m0.spec, as_parts([m.params for m in models]), elements, weights, keep)
+    mean = MeanParts(m0.spec, [as_parts(m) for m in models], elements, weights, keep)
     params = {k: v for key in part_keys(m0.shape) for k, v in mean.part(key).items()}
     return Model(m0.path, m0.config, m0.adapter, m0.shape, m0.spec, params, m0.dtype, dict(m0.meta))
 

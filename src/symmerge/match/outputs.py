@@ -13,7 +13,7 @@ from ..apply import apply
 from ..errors import SymmergeError
 from ..evaluate import max_abs_diff
 from ..io import AtomicFolder, prepare_output
-from ..model import Model, save_model
+from ..model import Model, in_memory, save_model
 from ..threads import one_thread
 from .file_forward import FileForward
 from .learn_config import LearnConfig
@@ -27,7 +27,7 @@ def write_element(model, g: dict, out, force: bool = False, extra: dict | None =
     expanded one) part by part through `stream.write_streaming` (one part in the algebra's precision at a time).
     Both compute on one thread (`threads.one_thread`), so the written bytes are the same by either path and at
     any thread count."""
-    if isinstance(model, Model):
+    if in_memory(model):
         with one_thread():
             params = apply(model.spec, g, model.params)
             save_model(model, params, out, force=force, extra=extra, gauge=gauge, side=side, dtype=dtype)

@@ -2,8 +2,8 @@
 
 Many-model weight matching matches each model to the leave-one-out mean of the others; forming that mean
 means reading every other model's part and moving it by its element (`apply`), which a matching run
-would otherwise repeat in every sweep. `PartCache` holds the mean instead, served like a `LazyModel`
-(`part(key)`):
+would otherwise repeat in every sweep. `PartCache` holds the mean instead, served part by part
+(`parts.Parts`):
 
 - in memory, when every source is in memory already (a model more costs nothing new in kind);
 - on disk, when the sources stream from checkpoints: one safetensors file per part in a temporary
@@ -22,8 +22,10 @@ from typing import Callable
 
 import torch
 
+from ..parts import Parts
 
-class PartCache:
+
+class PartCache(Parts):
     def __init__(self, keys: list, on_disk: bool):
         self.keys, self.on_disk = list(keys), on_disk
         self._mem: dict = {}

@@ -33,7 +33,6 @@ from typing import Callable
 import torch
 
 from ..errors import SymmergeError
-from ..model import Model
 from .options import (
     MANY_RECIPE,
     ActivationOptions,
@@ -87,11 +86,6 @@ class Matcher:
     many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
 
 
-def _parts(model):
-    """What `weight_match` reads: an in-memory model's parameters, or a `LazyModel` itself (part by part)."""
-    return model.params if isinstance(model, Model) else model
-
-
 def _from_match(method: str, res, start=None) -> Alignment:
     figures = {"objective": res.history, "iterations": len(res.history) - 1, "seconds": res.seconds,
                "steps": res.steps, "steps_without_improvement": res.rejected, **res.extra}
@@ -99,7 +93,7 @@ def _from_match(method: str, res, start=None) -> Alignment:
 
 
 def _run_weight(a, b, families, data, opts, start, progress: bool = False, device=None) -> Alignment:
-    res = weight_match(b.spec, _parts(a), _parts(b), families, opts["max_iters"], progress=progress,
+    res = weight_match(b.spec, a, b, families, opts["max_iters"], progress=progress,
                        dtype=getattr(torch, opts["precision"]), products=opts["cost_products"], device=device,
                        workers=opts["sweep_workers"])
     return _from_match("weight", res)
@@ -132,11 +126,6 @@ class ManyAlignment:
     figures: dict
 
 
-def _in_memory(source) -> Model:
-    """A `LazyModel` (or an expanded one) read into memory; a `Model` as it is."""
-    return source if isinstance(source, Model) else source.as_model()
-
-
 def _many_figures(res, name: str) -> dict:
     return {"objective_name": name, "objective": res.history, "rounds": len(res.history) - 1, "orders": res.orders,
             "converged": res.converged, "round_tol": res.tol, "updates_not_kept": res.rejected, "seconds": res.seconds,
@@ -148,7 +137,6 @@ def _run_weight_many(sources, weights, families, data, opts, start=None, progres
     from .many import weight_match_many
 
     spec = sources[0].spec
-    sources = [s.params if isinstance(s, Model) else s for s in sources]  # in memory, or read part by part
     res = weight_match_many(spec, sources, weights, families, opts["max_rounds"], opts["max_iters"],
                             opts["order_seed"], opts["round_tol"], dtype=getattr(torch, opts["precision"]), progress=progress,
                             products=opts["cost_products"])
@@ -161,7 +149,7 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
                          dtype=None) -> ManyAlignment:
     from .many import activation_match_many
 
-    res = activation_match_many([_in_memory(s) for s in sources], weights, data.train, families, opts["max_rounds"],
+    res = activation_match_many([s.as_model() for s in sources], weights, data.train, families, opts["max_rounds"],
                                 opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype)
     figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
     figures["average_loss"] = [-v for v in res.history]

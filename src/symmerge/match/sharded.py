@@ -2,7 +2,7 @@
 (`torch.distributed.fsdp.fully_shard`): each rank keeps 1/N of every part of the frozen endpoints.
 
 `Sharded` stands in for `blockwise.Frozen` (same `part(key)`, `read(keys)`, `nbytes()`): at construction
-every rank reads each part (embeddings, one block, final norm and head; `model.part_keys`) one at a time,
+every rank reads each part (embeddings, one block, final norm and head; `parts.part_keys`) one at a time,
 moves it by the fixed element if asked (dual: the absorbed weight-matching solution), and hands its
 tensors, in the kept dtype, to `fully_shard` as the frozen parameters of one module (`_Part`) over the
 run's device mesh (`distributed.Group.mesh`: 1-D over every process, or replicate x shard with
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from .. import distributed
-from ..model import part_keys
+from ..parts import Parts, part_keys
 from .blockwise import Frozen, _large_frees_to_the_os, reader_of
 
 
@@ -50,13 +50,6 @@ def frozen(source, device=None, transform=None):
     if group.world > 1 and group.shard:
         return Sharded(source, group, device, transform, keys=())
     return Frozen(source, device, transform, keys=())
-
-
-def scalars(store, key) -> dict[str, torch.Tensor]:
-    """The 0-dim tensors (`norm.eps`) of part `key` of a frozen store, without gathering a sharded part."""
-    if isinstance(store, Sharded):
-        return dict(store.scalar[key])
-    return {k: v for k, v in store.part(key).items() if v.dim() == 0}
 
 
 class _Part(nn.Module):
@@ -79,7 +72,7 @@ def _placement(size: int):
     return place
 
 
-class Sharded:
+class Sharded(Parts):
     """One endpoint's frozen tensors sharded over the ranks of `group` by FSDP2 (see the module docstring)."""
 
     def __init__(self, source, group, device=None, transform=None, dtype=None, keys=None):
@@ -139,6 +132,10 @@ class Sharded:
             module = self.modules[nxt]
             self.group.collective(f"the prefetch of part {nxt}",
                                   lambda: self.pending.__setitem__(nxt, module.unshard(async_op=True)))
+
+    def scalars(self, key) -> dict[str, torch.Tensor]:
+        """The 0-dim tensors (`norm.eps`) of part `key`, kept whole on every rank: nothing is gathered."""
+        return dict(self.scalar[key])
 
     def params(self) -> dict[str, torch.Tensor]:
         """Every part whole (gathered; for checks)."""

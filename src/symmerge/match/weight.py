@@ -77,8 +77,9 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
                  device: torch.device | str | None = None, min_gain: float = 0.0, workers: int = 0) -> MatchResult:
     """The element g of the selected families making g·B closest to A.
 
-    `A`, `B`: canonical parameter dicts, or anything with `part(key)` (a `model.LazyModel`), read one
-    part at a time: peak memory is one block of each model (plus the embeddings), whatever the depth.
+    `A`, `B`: canonical parameter dicts or `model.Model`s (read through a view in `dtype`), or anything that
+    serves parts (`parts.Parts`: a `model.LazyModel`, a mean), read one part at a time: peak memory is one
+    block of each model (plus the embeddings), whatever the depth.
     One sweep visits every block (its attention, FFN and GLU groups given the current residual
     element, exactly as `weight_steps.descend` does in memory) while accumulating the residual statistics
     (`residual.ResidualFit`), then solves the residual rotation and scale given every block.
@@ -113,7 +114,7 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
 
 def _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,
                   workers) -> MatchResult:
-    from ..model import part_keys
+    from ..parts import part_keys
     from ..progress import tqdm
 
     start = time.perf_counter()

@@ -29,10 +29,10 @@ from .weight_steps import descend
 
 
 def sources(A, B, dtype):
-    from ..model import InMemoryParts
+    """A and B served part by part (`model.as_parts`: one in memory through a view in `dtype`)."""
+    from ..model import as_parts
 
-    wrap = lambda x: InMemoryParts(x, dtype) if isinstance(x, dict) else x  # noqa: E731
-    return wrap(A), wrap(B)
+    return as_parts(A, dtype), as_parts(B, dtype)
 
 
 class StreamRun:
@@ -69,7 +69,7 @@ class StreamRun:
 
     def _fixed_parts(self) -> set:
         """The parts no chosen group but the residual ones acts on (their statistics never change)."""
-        from ..model import part_keys, part_of
+        from ..parts import part_keys, part_of
 
         moving = {part_of(name) for name, acts in self.spec.actions.items()
                   if any(a.group in self.chosen and a.group not in self.res_groups for a in acts)}
