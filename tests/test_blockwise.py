@@ -18,7 +18,7 @@ from checks import assert_reported_gap, tolerance
 from factories import ARCHS, lm_batches, make_model, save_model
 from learned_common import plain_loss, quick
 from symmerge.elements import random_element
-from symmerge.match.blockwise import Frozen
+from symmerge.match.frozen import Frozen
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.outputs import output_report, save_outputs

@@ -85,7 +85,7 @@ def _worker(spec: dict) -> int:
         if group.main:
             Path(f"{run['out']}.history.json").write_text(json.dumps(res.report["history"]))
     if any(run.get("shard") for run in spec["runs"]):  # what one rank keeps of an endpoint, sharded and whole
-        from symmerge.match.blockwise import Frozen
+        from symmerge.match.frozen import Frozen
         from symmerge.match.sharded import Sharded
 
         group.shard = 2

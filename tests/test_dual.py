@@ -122,7 +122,7 @@ def test_dual_learner_runs_the_relative_path_with_the_two_sided_loss_and_gradien
 
 def test_learn_releases_the_freed_heap_before_building_the_learner(pair, monkeypatch):
     """The heap freed before the frozen stores are kept (data, the weight-matching start) goes back to the OS
-    first (`blockwise.release_freed_heap`), so it does not stay resident under them for the whole run (the order of
+    first (`heap.release_freed_heap`), so it does not stay resident under them for the whole run (the order of
     the two calls is recorded: a release after the build, or none, fails)."""
     import symmerge.match.learned as L
 

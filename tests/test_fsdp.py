@@ -31,7 +31,7 @@ def _orders(n: int) -> dict[str, list]:
 
 def _worker(spec: dict) -> int:
     from symmerge import distributed
-    from symmerge.match.blockwise import Frozen
+    from symmerge.match.frozen import Frozen
     from symmerge.match.sharded import Sharded
     from symmerge.model import load_model
 

@@ -153,14 +153,14 @@ def test_the_endpoints_are_freed_before_the_outputs_are_written(tmp_path, monkey
     import gc
 
     from symmerge import cli
-    from symmerge.match import blockwise, outputs
+    from symmerge.match import frozen, outputs
 
     pair, tok, text = char_pair(tmp_path, 20000)
     counts = []
     save = outputs.save_outputs
 
     def stores():
-        return {id(o) for o in gc.get_objects() if isinstance(o, blockwise.Frozen)}
+        return {id(o) for o in gc.get_objects() if isinstance(o, frozen.Frozen)}
 
     def counting(*a, **k):
         counts.append(len(stores() - before))  # stores made by this test (earlier tests' are not its business)
@@ -169,7 +169,7 @@ def test_the_endpoints_are_freed_before_the_outputs_are_written(tmp_path, monkey
     monkeypatch.setattr(outputs, "save_outputs", counting)
     gc.collect()
     before = stores()
-    kept = blockwise.Frozen(LazyModel(pair[0]))
+    kept = frozen.Frozen(LazyModel(pair[0]))
     gc.disable()
     try:
         assert cli.main(["align", *pair, "-o", str(tmp_path / "o"), "--method", "dual", "--recipe", "quick", "--steps",

@@ -14,7 +14,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "symmerge"
 #: files over the 400-line limit, with the most lines each may have until it is split (none may grow)
-OVER_LIMIT = {"match/blockwise.py": 415}
+OVER_LIMIT: dict[str, int] = {}
 LIMIT = 400
 #: the most lines a command module may have: parse, build the options, one library call, print
 COMMAND_LIMIT = 150

@@ -52,7 +52,7 @@ def in_memory(source) -> bool:
     one served part by part (`parts.Parts`). The paths that differ for it: an element applied to the whole model
     and saved at once (`match.outputs.write_element`), the tensors compared whole (`merge.check_compatible`), an
     expansion kept in memory (`expand.expanded_like`), a mean kept in memory (`match.many`), a frozen store
-    read from its float64 view (`match.blockwise.reader_of`)."""
+    read from its float64 view (`match.frozen.reader_of`)."""
     return isinstance(source, (Model, dict))
 
 

@@ -228,7 +228,7 @@ def _learned(a, b, out, matcher, families, options, place, data, seq_len, force,
 
     Bounded memory: A and B are `LazyModel`s (safetensors memory-mapped, read one part at a time) from the
     start to the end. Weight matching streams them in the options' precision; the learner keeps them frozen
-    in their own dtype (`blockwise.Frozen`) and materialises one block (one chunk of the head, the batch's
+    in their own dtype (`frozen.Frozen`) and materialises one block (one chunk of the head, the batch's
     rows of the embedding) at a time; OUT is written part by part (`stream.write_streaming`); the output
     check reads the files block by block (`file_forward.FileForward`). No whole float32/float64 copy of
     either model is ever made (tests/test_outputs_bounded.py)."""

@@ -8,7 +8,7 @@ through `Parts.part(key)`, and so gets `ends()` and `scalars(key)` from here:
   (`InMemoryParts`: `model.as_parts`), a narrow model seen in a wide config (`expand.ExpandedModel`);
 - a weighted or leave-one-out mean of moved models (`match.many.MeanParts`, `merge_many.MeanView`), a model
   at another residual scale (`match.many.ScaledParts`), a mean kept for many reads (`match.part_cache.PartCache`);
-- the frozen endpoints of learned matching, whole or sharded over processes (`match.blockwise.Frozen`,
+- the frozen endpoints of learned matching, whole or sharded over processes (`match.frozen.Frozen`,
   `match.sharded.Sharded`).
 
 `ModelParts` adds what it takes to run or write the model whose parts they are (its adapter, config,

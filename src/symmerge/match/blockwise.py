@@ -1,12 +1,7 @@
 """The block-wise forward of learned and dual matching: the stock HF blocks run one at a time on weights
 materialised inside the forward, so that memory holds the frozen endpoints and one block's worth more.
 
-- `Frozen`: one endpoint's canonical tensors, read part by part (`parts.part_keys`: embeddings, each
-  block, final norm and head) from a `Model` in memory or a `LazyModel` (its safetensors files read one
-  part at a time, in float64, or float32 for a 16-bit store: `read_dtype`), moved by a fixed element on
-  the way if asked (dual: the absorbed weight-matching solution) and kept in the checkpoint's own dtype on
-  the forward's device. 0-dim tensors (`norm.eps`) stay float64 on the CPU: the config's eps is a float64
-  number. `fill` reads several stores' ends first, while little is kept.
+- the endpoints: frozen stores (`frozen.Frozen`, or `sharded.Sharded` over processes), part by part.
 - `BlockwiseForward`: a stock HF model of the class built without weights (parameters on the meta
   device, buffers real), whose blocks (`HookPoints.block`) are replaced by stand-ins.
   `loss(part, batch)` runs the stock top-level forward with the rest of the ends (final norm, a ViT's
@@ -36,9 +31,6 @@ adapter without `HookPoints.block` (refused).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
-import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,8 +41,10 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ..errors import SymmergeError
 from ..evaluate import model_inputs
-from ..model import as_parts, default_dtype, hf_class, in_memory, runs_in
-from ..parts import Params, Parts, part_keys, part_of
+from ..model import default_dtype, hf_class, runs_in
+from ..parts import Params, part_of
+from .frozen import Frozen
+from .heap import large_frees_to_the_os
 
 #: what `end_state` hands `ends_from_canonical` for a tensor fed by rows (never reaches the stock model)
 _ABSENT = torch.empty(0, dtype=torch.float64)
@@ -63,97 +57,6 @@ RECOMPUTE = ("block", "weights", "none")
 #: dtype and device; with `rows` ({canonical name: indices, a slice, or None for all}), only those tensors, each
 #: restricted to those rows of axis 0 before it is acted on
 PartFn = Callable[..., Params]
-
-
-@functools.lru_cache(maxsize=1)
-def _large_frees_to_the_os() -> None:
-    """glibc: serve every allocation of 1 MiB or more by its own mapping, so that what a block materialises
-    goes back to the OS when it is freed. With glibc's default (a threshold that rises to 32 MiB as big
-    chunks are freed) the blocks' transients came from the heap, and small long-lived allocations (each
-    block's saved input) between them kept it from shrinking: the RSS of a Pythia-410M-shaped dual step
-    grew by about one block per layer (benchmarks/README.md). Elsewhere nothing is changed."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (also stops the dynamic threshold)
-    except (OSError, AttributeError):
-        pass
-
-
-def release_freed_heap() -> None:
-    """glibc: hand the heap's free pages back to the OS (`malloc_trim`). What was freed before the frozen stores
-    are built (the data's tokenising, the weight-matching start's per-block transients, allocated before
-    `_large_frees_to_the_os` took effect) otherwise stays resident under them: at Pythia-1.4B width, 2 layers,
-    0.19 GiB after loading the data and 0.57 GiB after one weight-matching sweep (benchmarks/README.md).
-    Elsewhere nothing is done."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class Frozen(Parts):
-    """One endpoint's frozen canonical tensors, part by part, in `dtype` (default: the checkpoint's own) on
-    `device`; `transform(part)` (a fixed group element) is applied before they are kept.
-
-    `keys`: the parts read now (default: every part); `read(keys)` reads more. A `LazyModel` is read in
-    `read_dtype(kept dtype)`: float64 for float32 stores, float32 for 16-bit ones (its rounding error, 2^-24,
-    is 2^-16 of a bf16 step: the kept tensors equal float64's but where a value lies that close to a rounding
-    tie), which halves the transient of each part. Peak memory while reading: what is kept plus one part in
-    that precision (read the ends first: `fill`)."""
-
-    def __init__(self, source, device=None, transform: Callable[[Params], Params] | None = None, dtype=None,
-                 keys=None):
-        _large_frees_to_the_os()  # each part's float64 transient, freed, must not fragment the heap under what is kept
-        self.shape, self.spec = source.shape, source.spec
-        self.dtype = dtype or source.dtype
-        self.device, self.transform = device, transform
-        self.reader = reader_of(source, self.dtype)
-        self.parts: dict = {}
-        self.read(part_keys(self.shape) if keys is None else keys)
-
-    def read(self, keys) -> None:
-        for key in keys:
-            part = self.reader.part(key)
-            if self.transform is not None:
-                part = self.transform(part)
-            self.parts[key] = {k: (v.detach().to(torch.float64) if v.dim() == 0 else v.detach().to(device=self.device, dtype=self.dtype))
-                               for k, v in part.items()}
-            del part
-
-    def part(self, key) -> Params:
-        return self.parts[key]
-
-    def params(self) -> Params:
-        """Every part's tensors in one dict (no copies)."""
-        return {k: v for part in self.parts.values() for k, v in part.items()}
-
-    def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.params().values())
-
-
-def read_dtype(kept: torch.dtype) -> torch.dtype:
-    """The precision a part is read (and its canonical form computed) in before it is kept in `kept`."""
-    return torch.float32 if torch.finfo(kept).bits <= 16 else torch.float64
-
-
-def reader_of(source, kept: torch.dtype):
-    """What a frozen store reads `source` through, part by part: a `Model` in memory through its float64 view,
-    a `LazyModel` in `read_dtype(kept)`, any other `parts.Parts` (an expanded model) as it is."""
-    if in_memory(source):
-        return as_parts(source)
-    return source.at_dtype(read_dtype(kept)) if hasattr(source, "at_dtype") else source
-
-
-def fill(stores: list) -> None:
-    """Read every part of `stores` (built with `keys=()`), the ends of all first: the ends (vocabulary x d_model,
-    the largest parts) are then read while little is kept, and the blocks' transients, smaller, come last."""
-    shape = stores[0].shape
-    for keys in (["embed", "final"], list(range(shape.n_layers))):
-        for store in stores:
-            store.read(keys)
 
 
 @contextlib.contextmanager
@@ -299,7 +202,7 @@ class BlockwiseForward:
             raise SymmergeError(f"recompute must be one of {', '.join(RECOMPUTE)}, not {recompute!r}")
         self.adapter, self.shape, self.dtype, self.device, self.recompute = model.adapter, model.shape, dtype, device, recompute
         self.materialising = False
-        _large_frees_to_the_os()
+        large_frees_to_the_os()
         hooks = self.adapter.hooks
         if hooks is None or hooks.block is None:
             raise SymmergeError(f"{self.shape.hf_class}: the adapter names no block modules (HookPoints.block); "

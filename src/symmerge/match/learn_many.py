@@ -40,7 +40,8 @@ from ..apply import StraightThrough, apply
 from ..elements import compose, identity_element
 from ..errors import SymmergeError
 from ..spec import SCALE, Spec
-from .blockwise import BlockwiseForward, Frozen, PartFn, fill
+from .blockwise import BlockwiseForward, PartFn
+from .frozen import Frozen, fill
 from .learn_config import DTYPES, LearnConfig
 from .learn_loop import Result, Run
 from .learner import Slot, eps_scale, lap, prepare, select
@@ -67,7 +68,7 @@ class ManyLearner:
     """The frozen models, one set of slots per learned model (every model but the reference) and the loss.
 
     `models`: `Model`s, or `LazyModel`s (read part by part). Each is kept frozen in its checkpoint's dtype on
-    `cfg.device` (`blockwise.Frozen`; dual: its starting element absorbed), and every loss runs the stock blocks
+    `cfg.device` (`frozen.Frozen`; dual: its starting element absorbed), and every loss runs the stock blocks
     one at a time on the mixture's weights materialised in `cfg.dtype` (`blockwise.BlockwiseForward`, as
     pairwise learning does): memory holds the n frozen models and one block's worth more, whatever the depth."""
 
@@ -96,7 +97,7 @@ class ManyLearner:
         device = torch.device(cfg.device)
         self.frozen = [Frozen(m, device, (lambda part, g=g: apply(self.spec, g, part)) if self.dual else None, keys=())
                        for g, m in zip(self.init, models)]
-        fill(self.frozen)  # every model's ends first (see `blockwise.fill`)
+        fill(self.frozen)  # every model's ends first (see `frozen.fill`)
         self.forward = BlockwiseForward(models[0], self.frozen, DTYPES[cfg.dtype], device, cfg.recompute)
         eps = self.frozen[0].scalars("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)

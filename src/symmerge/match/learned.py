@@ -46,7 +46,7 @@ from __future__ import annotations
 from .. import distributed
 from ..errors import SymmergeError
 from ..model import Model
-from .blockwise import release_freed_heap
+from .heap import release_freed_heap
 from .learn_config import LearnConfig
 from .learn_loop import Result, Run
 from .learn_plan import make_plan, resolved

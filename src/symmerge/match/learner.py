@@ -17,7 +17,8 @@ from ..errors import SymmergeError
 from ..merge import check_compatible
 from ..parts import part_keys, part_of
 from ..spec import SCALE, Spec
-from .blockwise import BlockwiseForward, PartFn, fill
+from .blockwise import BlockwiseForward, PartFn
+from .frozen import fill
 from .learn_config import DTYPES, LearnConfig
 from .objectives import PathObjective
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
@@ -122,7 +123,7 @@ class Learner:
     """Holds the frozen models, the slots and the objective; `run` trains (see the module docstring).
 
     `a`, `b`: `Model`s, or `LazyModel`s (read block by block from their files, never wholly in float64).
-    The endpoints are kept frozen in their checkpoint's dtype on `cfg.device` (`blockwise.Frozen`; dual:
+    The endpoints are kept frozen in their checkpoint's dtype on `cfg.device` (`frozen.Frozen`; dual:
     B with `init` absorbed); every loss runs the stock blocks one at a time on weights materialised in
     `cfg.dtype` (`blockwise.BlockwiseForward`); elements and their algebra stay float64."""
 
@@ -152,7 +153,7 @@ class Learner:
         # so the endpoints go when the learner does, before the outputs are written)
         absorb = (lambda part: apply(spec, start, part)) if self.dual and init is not None else None
         self.frozen = {"A": frozen(a, device), "B": frozen(b, device, absorb)}  # under torchrun maybe sharded
-        fill(list(self.frozen.values()))  # the ends of both first (see `blockwise.fill`)
+        fill(list(self.frozen.values()))  # the ends of both first (see `frozen.fill`)
         self.forward = BlockwiseForward(a, list(self.frozen.values()), DTYPES[cfg.dtype], device, cfg.recompute)
         eps = self.frozen["A"].scalars("final").get("norm.eps")
         self.eps0 = None if eps is None else float(eps)

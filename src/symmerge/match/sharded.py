@@ -1,7 +1,7 @@
 """Sharded endpoints for learned / dual matching under torchrun, on PyTorch's FSDP2
 (`torch.distributed.fsdp.fully_shard`): each rank keeps 1/N of every part of the frozen endpoints.
 
-`Sharded` stands in for `blockwise.Frozen` (same `part(key)`, `read(keys)`, `nbytes()`): at construction
+`Sharded` stands in for `frozen.Frozen` (same `part(key)`, `read(keys)`, `nbytes()`): at construction
 every rank reads each part (embeddings, one block, final norm and head; `parts.part_keys`) one at a time,
 moves it by the fixed element if asked (dual: the absorbed weight-matching solution), and hands its
 tensors, in the kept dtype, to `fully_shard` as the frozen parameters of one module (`_Part`) over the
@@ -39,13 +39,14 @@ from torch import nn
 
 from .. import distributed
 from ..parts import Parts, part_keys
-from .blockwise import Frozen, _large_frees_to_the_os, reader_of
+from .frozen import Frozen, reader_of
+from .heap import large_frees_to_the_os
 
 
 def frozen(source, device=None, transform=None):
-    """An endpoint's frozen store, nothing read yet (`read(keys)`, `blockwise.fill`): `Sharded` over the
+    """An endpoint's frozen store, nothing read yet (`read(keys)`, `frozen.fill`): `Sharded` over the
     ranks when the run shards its endpoints (`align --shard-endpoints` under torchrun), else
-    `blockwise.Frozen` (whole on every rank)."""
+    `frozen.Frozen` (whole on every rank)."""
     group = distributed.current()
     if group.world > 1 and group.shard:
         return Sharded(source, group, device, transform, keys=())
@@ -76,7 +77,7 @@ class Sharded(Parts):
     """One endpoint's frozen tensors sharded over the ranks of `group` by FSDP2 (see the module docstring)."""
 
     def __init__(self, source, group, device=None, transform=None, dtype=None, keys=None):
-        _large_frees_to_the_os()  # each part's whole transient, freed once sharded, must not stay resident
+        large_frees_to_the_os()  # each part's whole transient, freed once sharded, must not stay resident
         self.shape, self.spec, self.group = source.shape, source.spec, group
         self.dtype = dtype or source.dtype
         self.device = group.device if device is None else torch.device(device)
