@@ -6,7 +6,7 @@ and activation matching, for one independently trained pair.
 Weight matching runs over every family but the residual scale (the CLI default; see
 pair.py) unless a row says otherwise; a model with SwiGLU (a `glu_scale` family) gets a
 "GLU scaling off" row too. The barrier is the 11-point test-loss barrier of
-`symmerge.barrier.barrier` on the same test batches for every row.
+`symmerge.barrier_pair.barrier` on the same test batches for every row.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from symmerge.apply import apply
-from symmerge.barrier import barrier
+from symmerge.barrier_pair import barrier
 from symmerge.data import load_batches
 from symmerge.match.activation import activation_match
 from symmerge.match.weight import weight_match

@@ -23,7 +23,7 @@ import torch
 from reproduction_table import ROWS, families_for, learn_row, path_barrier, weight_start
 
 from symmerge.data import load_batches
-from symmerge.evaluate import StockForward
+from symmerge.evaluation import StockForward
 from symmerge.match.learn_config import LAM_SAMPLING
 from symmerge.model import load_model
 

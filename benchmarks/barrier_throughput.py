@@ -18,7 +18,7 @@ import time
 import torch
 import transformers as T
 
-from symmerge.evaluate import StockForward, evaluate, interpolate
+from symmerge.evaluation import StockForward, evaluate, interpolate
 from symmerge.model import load_model
 
 import record

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from symmerge.apply import apply
-from symmerge.barrier import barrier
+from symmerge.barrier_pair import barrier
 from symmerge.data import load_batches
 from symmerge.match.activation import activation_match
 from symmerge.match.weight import weight_match

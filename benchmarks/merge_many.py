@@ -38,7 +38,7 @@ def barrier_row(paths, batches, simplex_points: int) -> dict:
     """`many_barrier` on the test batches, with the standard error of the average's excess taken per batch
     (paired: the endpoints' losses on the same batch subtracted)."""
     from symmerge.barrier_many import many_barrier, mix
-    from symmerge.evaluate import StockForward, mean_se
+    from symmerge.evaluation import StockForward, mean_se
     from symmerge.merge_many import check_models
     from symmerge.model import load_model
 

@@ -49,7 +49,7 @@ def demo_scale(root: Path) -> list[str]:
     import dataclasses
 
     from symmerge.apply import apply
-    from symmerge.barrier import barrier
+    from symmerge.barrier_pair import barrier
     from symmerge.data import load_batches
     from symmerge.demo import DemoArgs
     from symmerge.match import registry

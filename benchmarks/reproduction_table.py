@@ -10,10 +10,10 @@ Every row works as `symmerge align A B --method M --groups G --param P` does: we
 row's families first (`weight_match`, 20 sweeps at most), then for learned/dual rows the learning loop
 (`symmerge.match.learned.learn`) on train-split batches, tracking the barrier on validation-split
 batches (best state kept). Figures: the 11-point loss barrier on the *same* test-split batches for
-every row, computed per batch through the stock HF forward (`evaluate.StockForward`), so that the
+every row, computed per batch through the stock HF forward (`evaluation.StockForward`), so that the
 standard error is the paired one: the spread over test batches of the per-batch gap
 L_b(lam*) - ((1 - lam*) L_b(0) + lam* L_b(1)) at the peak lam* of the mean curve, over sqrt(n).
-The barrier equals `symmerge.barrier.barrier`'s on the same batches (same grid, token-weighted means).
+The barrier equals `symmerge.barrier_pair.barrier`'s on the same batches (same grid, token-weighted means).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from symmerge.apply import apply
-from symmerge.barrier import summarise
+from symmerge.barrier_pair import summarise
 from symmerge.data import load_batches
-from symmerge.evaluate import StockForward, grid, interpolate, mean_se
+from symmerge.evaluation import StockForward, grid, interpolate, mean_se
 from symmerge.match.learn_config import LAM_SAMPLING, LearnConfig, parse_lam_range
 from symmerge.match.learned import learn
 from symmerge.match.parametrize import straight_through

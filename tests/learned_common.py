@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from symmerge.apply import apply
-from symmerge.evaluate import StockForward, interpolate
+from symmerge.evaluation import StockForward, interpolate
 from symmerge.match.learn_config import LearnConfig
 from symmerge.model import build_hf_model, export_state_dict
 

@@ -12,12 +12,12 @@ from conftest import shared_data
 from factories import example_inputs
 from symmerge import SymmergeError
 from symmerge.apply import apply
-from symmerge.barrier import barrier
+from symmerge.barrier_pair import barrier
 from symmerge.cli import main
+from symmerge.compatible import check_compatible
 from symmerge.data import load_batches
 from symmerge.elements import random_element
-from symmerge.evaluate import interpolate
-from symmerge.merge import check_compatible
+from symmerge.evaluation import interpolate
 from symmerge.model import build_hf_model, export_state_dict, load_model, save_model
 from symmerge.train import TrainArgs, train
 

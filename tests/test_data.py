@@ -17,7 +17,7 @@ from conftest import shared_data
 from symmerge import SymmergeError
 from symmerge.cli import main
 from symmerge.data import load_batches, split_range
-from symmerge.evaluate import evaluate, evaluate_params
+from symmerge.evaluation import evaluate, evaluate_params
 from symmerge.images import load_images, preprocess, processor_config, write_processor_config
 from symmerge.tokenizers import bpe_tokenizer, char_tokenizer, gpt2_tokenizer
 

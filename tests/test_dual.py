@@ -39,7 +39,7 @@ def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
     matching with g = gA^-1 gB; it can differ only in how the optimiser gets there. Stock HF logits,
     float64. Negative control: dropping gA^-1 changes the path."""
     from symmerge.elements import compose, inverse
-    from symmerge.evaluate import interpolate
+    from symmerge.evaluation import interpolate
 
     a, b = pair
     gen = torch.Generator().manual_seed(5)

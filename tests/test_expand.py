@@ -17,7 +17,7 @@ from factories import ARCHS, example_inputs, make_config, make_model
 from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
-from symmerge.expand import ExpandedModel, expand_checkpoint, plan, replaced
+from symmerge.expansion import ExpandedModel, expand_checkpoint, plan, replaced
 from symmerge.model import LazyModel
 from symmerge.stream import write_streaming
 
@@ -109,7 +109,7 @@ def test_expand_preserves_the_function(arch, case, narrow_dirs, narrow_models, t
 
 def test_layernorm_embedding_keeps_the_stream_mean_free():
     """P 1_d = sqrt(d/D) 1_D, and a mean-free narrow vector stays mean-free."""
-    from symmerge.expand import residual_embedding
+    from symmerge.expansion import residual_embedding
 
     for d, D in ((24, 48), (32, 40), (5, 5)):
         P = residual_embedding(d, D, centred=True)

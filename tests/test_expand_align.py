@@ -1,5 +1,5 @@
 """Mixed widths in `align`, `interpolate` and `barrier`: the narrower model is expanded into the wider
-one's config first (`symmerge.expand.widest`), and OUT is a wide-config checkpoint."""
+one's config first (`symmerge.expansion.widest`), and OUT is a wide-config checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from factories import example_inputs, make_config, make_model, rel_distance
 from symmerge.apply import apply
 from symmerge.cli import main
 from symmerge.elements import random_element
-from symmerge.expand import expand_checkpoint
+from symmerge.expansion import expand_checkpoint
 from symmerge.model import load_model, save_model
 from symmerge.tokenizers import char_tokenizer
 

@@ -16,9 +16,9 @@ from learned_common import CONTINUOUS, logits_of, quick
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
-from symmerge.barrier import highest_excess
+from symmerge.barrier_pair import highest_excess
 from symmerge.elements import random_element
-from symmerge.evaluate import StockForward
+from symmerge.evaluation import StockForward
 from symmerge.match.learn_config import LearnConfig, parse_lam_range
 from symmerge.match.learn_loop import Interrupted
 from symmerge.match.objectives import peak_lambda

@@ -16,7 +16,7 @@ import torch
 import transformers as T
 
 from factories import make_model
-from symmerge.evaluate import evaluate
+from symmerge.evaluation import evaluate
 from symmerge.tokenizers import char_tokenizer, encode
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[ecosystem]')")

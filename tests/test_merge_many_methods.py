@@ -23,7 +23,7 @@ from factories import lm_batches, make_model, save_model
 from symmerge.apply import apply
 from symmerge.barrier_many import many_barrier
 from symmerge.elements import random_element
-from symmerge.evaluate import StockForward
+from symmerge.evaluation import StockForward
 from symmerge.match import registry
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learn_many import learn_many

@@ -1,5 +1,5 @@
 """Mixed widths in `merge` and in the barrier of many models: every model expanded into the widest config
-(`expand.widest_many`), against the stock transformers forward.
+(`expansion.widest_many`), against the stock transformers forward.
 
 Planted: NARROW, and WIDE_k = g_k·expand(NARROW) for two random elements of the wide group (wide-config
 checkpoints computing NARROW's function in other coordinates). Merging NARROW, WIDE_1, WIDE_2 gives a

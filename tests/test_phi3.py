@@ -21,7 +21,7 @@ from symmerge import groups as G
 from symmerge.apply import apply
 from symmerge.cli import main
 from symmerge.elements import random_element
-from symmerge.expand import plan
+from symmerge.expansion import plan
 from symmerge.model import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,7 +18,7 @@ from symmerge import SymmergeError
 from symmerge.apply import apply
 from symmerge.data import load_batches
 from symmerge.elements import random_element
-from symmerge.evaluate import grid
+from symmerge.evaluation import grid
 from symmerge.match import learner as learner_module
 from symmerge.match import lr_search
 from symmerge.match.learn_config import DEFAULT_LR, LearnConfig

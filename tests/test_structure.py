@@ -7,6 +7,7 @@ still tie two modules together), so a cycle hidden behind a lazy import is found
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,7 @@ def test_no_matcher_imports_the_command_line():
 
 
 def test_the_barrier_library_loads_no_matcher():
-    code = ("import sys, symmerge.barrier, symmerge.barrier_many\n"
+    code = ("import sys, symmerge.barrier_pair, symmerge.barrier_many\n"
             "print(sorted(m for m in sys.modules if m.startswith('symmerge.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = eval(out)  # a printed list of names
@@ -164,3 +165,24 @@ def test_the_facade_exports_the_library_and_stays_light():
     light, mismatched = eval(out)  # printed lists of names
     assert light == ["symmerge", "symmerge.errors", "symmerge.version"], light
     assert mismatched == ["SymmergeError", "__version__"], mismatched  # not api names: the package's own
+
+
+def test_no_submodule_shadows_a_library_export():
+    """`from symmerge import barrier, merge, expand, evaluate` gives the API's functions, also once every top-level
+    module is imported: no module of the package shares a name with an export (importing `symmerge.X` sets the
+    package's attribute X to the module, which would replace the export X)."""
+    import symmerge
+
+    tops = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert {"api", "model", "match"} <= tops  # the tree was read
+    assert not tops & set(symmerge._API), tops & set(symmerge._API)
+    assert (tops | {"merge"}) & set(symmerge._API) == {"merge"}  # negative control: a module merge.py is found
+    names = sorted(t for t in tops if t not in ("__init__", "__main__"))
+    code = ("import importlib\n"
+            f"for m in {names!r}:\n    importlib.import_module('symmerge.' + m)\n"
+            "from symmerge import api, barrier, evaluate, expand, merge\n"
+            "print(all(f is getattr(api, n) for n, f in zip(('barrier', 'evaluate', 'expand', 'merge'), "
+            "(barrier, evaluate, expand, merge))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
+    assert out.strip() == "True", out

@@ -15,7 +15,7 @@ from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
 from symmerge.data import load_batches
-from symmerge.evaluate import evaluate
+from symmerge.evaluation import evaluate
 from symmerge.presets import HF_CLASSES, PRESETS, get_preset, lm_config, vit_config
 from symmerge.train import TrainArgs, batch_indices, lr_at, train
 

@@ -19,10 +19,10 @@ from factories import ARCHS, EXPERTS, example_inputs, make_model, rel_distance, 
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.apply import apply
+from symmerge.compatible import check_compatible
 from symmerge.elements import inverse, random_element
 from symmerge.match.summary import summarize
 from symmerge.match.weight import weight_match
-from symmerge.merge import check_compatible
 from symmerge.model import build_hf_model, export_state_dict, load_model
 from symmerge.shape import ModelShape
 from symmerge.spec import Action, Spec, build_spec

@@ -96,7 +96,7 @@ def _rel_weights(x, y) -> float:
 
 def _output_loss(folder, text) -> float:
     from symmerge.data import load_batches
-    from symmerge.evaluate import StockForward
+    from symmerge.evaluation import StockForward
     from symmerge.model import load_model
 
     m = load_model(folder)

@@ -146,7 +146,7 @@ def barrier(models: list, data, *, split: str = "test", batch_size: int = 8, max
             seq_len: int | None = None, points: int = 11, refine: bool = False, weights: list[float] | None = None,
             simplex_points: int | None = None, seed: int | None = None, device: str | None = None,
             dtype: str | None = None, report=None, plot=None, progress: bool = False) -> Result:
-    """Loss and accuracy along the straight line between two models (`barrier.barrier`: the first's data
+    """Loss and accuracy along the straight line between two models (`barrier_pair.barrier`: the first's data
     preparation, λ = 0 at the first), or the barrier of three or more (`barrier_many.many_barrier`:
     `weights` of the average, `simplex_points` Dirichlet points drawn from `seed`; `plot`: the triangle
     of three models). Models: folders, ids or `Model`s."""
@@ -176,7 +176,7 @@ def barrier(models: list, data, *, split: str = "test", batch_size: int = 8, max
 
         loaded, _ = check_models(loaded, [str(p) for p in models])  # mixed widths: the widest
     else:
-        from .expand import widest
+        from .expansion import widest
 
         loaded = list(widest(*loaded))  # mixed widths: the narrower expanded into the wider
     first = models[0] if isinstance(models[0], (str, Path)) else loaded[0].path
@@ -193,8 +193,8 @@ def barrier(models: list, data, *, split: str = "test", batch_size: int = 8, max
 
 
 def _line(names, models, batches, points, refine, place, where, plot, progress) -> dict:
-    from .barrier import barrier as line
-    from .barrier import plot as draw
+    from .barrier_pair import barrier as line
+    from .barrier_pair import plot as draw
 
     a, b = models
     dtype = place.working(a.dtype)
@@ -222,10 +222,10 @@ def _simplex(names, models, batches, weights, points, simplex_points, seed, plac
 def interpolate(a, b, lam: float, out, *, extrapolate: bool = False, force: bool = False, out_dtype=None) -> Result:
     """Write (1 − λ)·A + λ·B (canonical form; mixed widths expanded into the wider) as a stock checkpoint
     of A's class to OUT; λ outside [0, 1] only with `extrapolate`."""
-    from .evaluate import interpolate as mix
-    from .expand import widest
+    from .compatible import check_lambda
+    from .evaluation import interpolate as mix
+    from .expansion import widest
     from .io import prepare_output
-    from .merge import check_lambda
     from .model import load_model, save_model
 
     a, b = _path(a), _path(b)
@@ -239,8 +239,8 @@ def interpolate(a, b, lam: float, out, *, extrapolate: bool = False, force: bool
 
 def expand(narrow, like, out, *, force: bool = False, out_dtype=None, progress: bool = False) -> Result:
     """Write NARROW in the config of `like` (a wider checkpoint; only its config.json is read), computing
-    NARROW's function (`expand.expand_checkpoint`). The report holds both shapes and the scales used."""
-    from .expand import expand_checkpoint
+    NARROW's function (`expansion.expand_checkpoint`). The report holds both shapes and the scales used."""
+    from .expansion import expand_checkpoint
 
     narrow, like = _path(narrow), _path(like)
     written, e = expand_checkpoint(narrow, like, out, force=force, progress=progress, dtype=out_dtype)
@@ -284,7 +284,7 @@ def evaluate(model, data, *, split: str = "test", batch_size: int = 8, max_batch
     from .checks import check_report_file
     from .data import is_vision, load_batches
     from .errors import SymmergeError
-    from .evaluate import evaluate as scores
+    from .evaluation import evaluate as scores
     from .io import Checkpoint, load_config
     from .model import hf_class, runs_in
 

@@ -1,14 +1,14 @@
 """The barrier of many models: loss and accuracy of weighted averages inside the simplex of n models.
 
 Models of one architecture whose widths differ are first expanded into the widest config that takes
-all the others (`expand.widest_many`; their functions unchanged). Every point is a weighted average of
+all the others (`expansion.widest_many`; their functions unchanged). Every point is a weighted average of
 the canonical parameters, run through the stock forward by the
-project's one evaluation service (`evaluate.StockForward`, as the pairwise barrier). With merge weights w and endpoint
+project's one evaluation service (`evaluation.StockForward`, as the pairwise barrier). With merge weights w and endpoint
 losses L_i (accuracies a_i):
 
     average_loss      = L(sum_i w_i M_i)
     average_excess    = average_loss - sum_i w_i L_i
-    pairwise_max      = the largest pairwise barrier (`barrier.summarise` on `points` λ per pair)
+    pairwise_max      = the largest pairwise barrier (`barrier_pair.summarise` on `points` λ per pair)
     simplex_barrier   = max(0, max_k [L(sum_i α_ki M_i) - sum_i α_ki L_i]) over K Dirichlet(1,...,1) draws
                         α_k (seeded); 0 is the value at the vertices, as the pairwise barrier's floor
 
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from .barrier import summarise
-from .evaluate import StockForward
+from .barrier_pair import summarise
+from .evaluation import StockForward
 from .model import Model
 from .progress import tqdm
 from .simplex import check_weights, dirichlet
@@ -48,7 +48,7 @@ def many_barrier(models: list[Model], batches: list[dict], weights: list[float] 
                  simplex_points: int = 16, seed: int = 0, progress: bool = True, dtype=None, device=None) -> dict:
     """The figures of the module docstring, with each pair's curve and each simplex point's values (the
     forward in `dtype` on `device`, as `StockForward`'s)."""
-    from .expand import widest_many
+    from .expansion import widest_many
 
     n = len(models)
     w = check_weights(weights, n)

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from .apply import apply
-from .barrier import barrier
+from .barrier_pair import barrier
 from .data import load_batches
 from .devices import DTYPES, dtype_name
 from .errors import SymmergeError
-from .evaluate import StockForward
+from .evaluation import StockForward
 from .match import registry
 from .model import Model, load_model
 from .report import write as write_report

@@ -3,7 +3,7 @@ form (`match.registry.align_many`), then their weighted average exported as a st
 
 `merge_models(paths, out)` checks everything before any work (at least two models of one architecture,
 vocabulary and tokenizer / image processor; mixed widths expanded into the widest config that takes every
-other model, `expand.widest_many`; weights non-negative, one per model, summing to 1; data for the
+other model, `expansion.widest_many`; weights non-negative, one per model, summing to 1; data for the
 data-driven methods; OUT and the aligned folder apart from the inputs and each other), then matches
 (models read one part at a time, `model.LazyModel`: weight matching streams them; learned and dual matching
 keep them frozen in their own dtype and run block by block; activation matching holds them in memory),
@@ -29,10 +29,10 @@ from .simplex import check_weights
 
 
 def check_models(models: list, names: list[str]) -> tuple[list, int]:
-    """(models, w): every model in one config (`expand.widest_many`: mixed widths expanded into the widest,
+    """(models, w): every model in one config (`expansion.widest_many`: mixed widths expanded into the widest,
     models[w] one of that config as it was), sharing one group (architecture, sizes, vocabulary) and
     preprocessing; otherwise the first mismatch, with its reason."""
-    from .expand import widest_many
+    from .expansion import widest_many
 
     return widest_many(models, names)
 

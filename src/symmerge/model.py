@@ -50,8 +50,8 @@ class Model:
 def in_memory(source) -> bool:
     """Whether `source` is a model held in memory whole (a `Model`, or a dict of canonical tensors) rather than
     one served part by part (`parts.Parts`). The paths that differ for it: an element applied to the whole model
-    and saved at once (`match.outputs.write_element`), the tensors compared whole (`merge.check_compatible`), an
-    expansion kept in memory (`expand.expanded_like`), a mean kept in memory (`match.many`), a frozen store
+    and saved at once (`match.outputs.write_element`), the tensors compared whole (`compatible.check_compatible`), an
+    expansion kept in memory (`expansion.expanded_like`), a mean kept in memory (`match.many`), a frozen store
     read from its float64 view (`match.frozen.reader_of`)."""
     return isinstance(source, (Model, dict))
 
@@ -243,7 +243,7 @@ def reference_gauge(reference, like=None):
     cannot be used (see `gauge.Gauge.of`). Lives here so that gauge.py needs nothing of this module.
 
     `like`: the model (in memory or lazy) the outputs are written as. Where its shape is not the reference's
-    own (the reference was expanded into a wider config, `expand.widest`), the reference's norms have the
+    own (the reference was expanded into a wider config, `expansion.widest`), the reference's norms have the
     narrow width and no gauge of it exists there but canonical form: None. Canonical form is the gauge of
     the reference so expanded (`expand` folds its norms into the readers and writes unit norms)."""
     from .gauge import Gauge

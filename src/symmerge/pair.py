@@ -70,7 +70,7 @@ def batches_for(matcher, opts: dict, data, model_dir, split: str = "train",
 
 def load_pair(a, b, families, lazy_dtype=None):
     """Both checkpoints (in memory, or lazily for a streaming matcher), checked to share a group."""
-    from .expand import widest
+    from .expansion import widest
     from .model import LazyModel, load_model
 
     if lazy_dtype is None:

@@ -5,7 +5,7 @@ by its index, "final" (final norm, head, the norm's eps). Whatever yields canoni
 through `Parts.part(key)`, and so gets `ends()` and `scalars(key)` from here:
 
 - a checkpoint read from its files (`model.LazyModel`), a model in memory through a view
-  (`InMemoryParts`: `model.as_parts`), a narrow model seen in a wide config (`expand.ExpandedModel`);
+  (`InMemoryParts`: `model.as_parts`), a narrow model seen in a wide config (`expansion.ExpandedModel`);
 - a weighted or leave-one-out mean of moved models (`match.many.MeanParts`, `merge_many.MeanView`), a model
   at another residual scale (`match.many.ScaledParts`), a mean kept for many reads (`match.part_cache.PartCache`);
 - the frozen endpoints of learned matching, whole or sharded over processes (`match.frozen.Frozen`,

@@ -15,8 +15,8 @@ of a key find it where it always was:
   diverged, lambdas, losses_before, losses_after, parameterisation, fixed_groups, settings, history,
   outputs (input, output, max_logit_diff each) and weight_matching (objective, seconds);
 - barrier: lambdas, loss, accuracy, barrier, barrier_lambda, accuracy_barrier and the rest of
-  `barrier.barrier`'s result, then a, b, data, split;
-- eval: `evaluate.evaluate`'s figures (loss, loss_se, accuracy, accuracy_se, n_items, n_scored,
+  `barrier_pair.barrier`'s result, then a, b, data, split;
+- eval: `evaluation.evaluate`'s figures (loss, loss_se, accuracy, accuracy_se, n_items, n_scored,
   n_batches, ...), then model, data, split;
 - inspect: `describe` below;
 - demo: data, arch, a, b, results (one row per method: method, label, max_endpoint_logit_change, the

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from .data import load_items, read_text
 from .devices import DTYPES, autocast
 from .errors import SymmergeError
-from .evaluate import model_inputs
+from .evaluation import model_inputs
 from .images import is_image_source, load_images, processor_config, write_processor_config
 from .io import AtomicFolder, clean_stale, prepare_output
 from .presets import HF_CLASSES, Preset, get_preset, lm_config, reshaped, vit_config
@@ -268,7 +268,7 @@ def _loop(args: TrainArgs, p, model, opt, items, state_dir, skeleton, info) -> d
 
 def _final_eval(model, skeleton: Path, args: TrainArgs, bs: int, context: int | None) -> dict:
     from .data import batched
-    from .evaluate import evaluate
+    from .evaluation import evaluate
 
     out = {}
     for split in ("validation", "test"):

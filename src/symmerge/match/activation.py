@@ -41,7 +41,7 @@ import torch
 
 from .. import groups as G
 from ..errors import SymmergeError
-from ..evaluate import model_inputs
+from ..evaluation import model_inputs
 from ..model import Model, build_hf_model, export_state_dict
 from ..spec import ROTATION
 from .costs import touching

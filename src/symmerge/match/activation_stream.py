@@ -39,7 +39,7 @@ from torch.func import functional_call
 from .. import groups as G
 from ..apply import apply
 from ..errors import SymmergeError
-from ..evaluate import model_inputs
+from ..evaluation import model_inputs
 from ..model import as_parts
 from ..spec import ROTATION, SCALE
 from .activation import ffn_step, head_maps, head_perms, hook_stream, in_a_order, map_sides, side_data, writer_scale

@@ -18,7 +18,7 @@ materialised inside the forward, so that memory holds the frozen endpoints and o
   residual group on every part), optionally only some tensors and rows (`PartFn`).
 
 Invariant: `loss(part, batch)` is the stock HF loss of the state dict that `part` gives over all parts
-(`evaluate.StockForward.loss` on the same canonical parameters, the plain path), by the same operations
+(`evaluation.StockForward.loss` on the same canonical parameters, the plain path), by the same operations
 in the same order, but for the rows: a lookup in the rows it asks for, and a head's output computed in
 chunks of rows, are the whole table's row by row (the group acts on their d_model axis only; checked
 per tensor, `vocab_modules`); the order in which gradients from different blocks are summed differs
@@ -40,7 +40,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import SymmergeError
-from ..evaluate import model_inputs
+from ..evaluation import model_inputs
 from ..model import default_dtype, hf_class, runs_in
 from ..parts import Params, part_of
 from .frozen import Frozen

@@ -24,7 +24,7 @@ from torch.func import functional_call
 
 from ..adapters import adapter_for
 from ..errors import SymmergeError
-from ..evaluate import model_inputs
+from ..evaluation import model_inputs
 from ..io import Checkpoint
 from ..stored import StoredNames
 from .blockwise import StandIn, weightless

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..errors import SymmergeError
-from ..evaluate import grid
+from ..evaluation import grid
 from .blockwise import RECOMPUTE
 
 METHODS = ("learned", "dual")

@@ -17,8 +17,8 @@ import math
 import time
 from dataclasses import replace
 
-from ..barrier import above_line
-from ..evaluate import grid, mean_se
+from ..barrier_pair import above_line
+from ..evaluation import grid, mean_se
 from ..progress import tqdm
 from .learn_config import VAL_SE, LearnConfig
 

@@ -20,7 +20,7 @@ the interpolated model, with every model weight frozen.
 
 Loss: the stock HF loss of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), run block by block
 (`blockwise.py`: endpoints frozen in their checkpoint's dtype, each block's weights materialised in
-`dtype` inside the forward and recomputed in the backward; the same figures as `evaluate.StockForward`
+`dtype` inside the forward and recomputed in the backward; the same figures as `evaluation.StockForward`
 on the whole state dict, tested), a fresh
 lam per step (`lam_sampling="peak"`: half the steps take lam near the grid points where the last
 validation curve stands highest above the straight line, see `objectives.peak_lambda`).

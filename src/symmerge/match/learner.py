@@ -12,9 +12,9 @@ from scipy.optimize import linear_sum_assignment
 
 from .. import groups as G
 from ..apply import Prepared, StraightThrough, apply
+from ..compatible import check_compatible
 from ..elements import compose, identity_element
 from ..errors import SymmergeError
-from ..merge import check_compatible
 from ..parts import part_keys, part_of
 from ..spec import SCALE, Spec
 from .blockwise import BlockwiseForward, PartFn
@@ -92,7 +92,7 @@ def mix(a: dict, b: dict, lam) -> dict:
     """(1 - lam)·a + lam·b tensor by tensor, each in one pass (`torch.lerp`: one new tensor and one rounding, where
     the sum made three tensors, each a fresh mapping the kernel zeroes, and rounded three times in 16 bits); exact
     a's or b's values at lam 0 and 1 where both are finite. A 0-dim value equal on both sides (the canonical
-    `norm.eps`) is kept as it is, as `evaluate.interpolate` keeps it."""
+    `norm.eps`) is kept as it is, as `evaluation.interpolate` keeps it."""
     w = float(lam)
     return {k: a[k] if a[k].dim() == 0 and torch.equal(a[k], b[k]) else torch.lerp(a[k], b[k], w) for k in a}
 
@@ -100,7 +100,7 @@ def mix(a: dict, b: dict, lam) -> dict:
 def eps_scale(spec: Spec, eps0: float, eps: list, scales: list, weights: list, dtype, device):
     """The residual scale c = sqrt(eps0 / eps) that brings the mixture's eps (each model's `eps` moved by its
     element's residual scale, None for none, then mixed with `weights`) to the forward's config eps `eps0`
-    (see `evaluate.at_eps`); None where it is exactly 1 (no residual scale learned nor absorbed)."""
+    (see `evaluation.at_eps`); None where it is exactly 1 (no residual scale learned nor absorbed)."""
     moved = [e if a is None else apply(spec, {SCALE: a}, {"norm.eps": e})["norm.eps"] for e, a in zip(eps, scales)]
     mixed = moved[0] if all(torch.equal(m, moved[0]) for m in moved[1:]) else sum(w * m for w, m in zip(weights, moved))
     c = torch.sqrt(eps0 / mixed)

@@ -6,7 +6,7 @@ and λ draws (those of steps 0..k-1 for the run's seed, λ uniform over the rang
 over the k steps, so each is a complete small run at that rate. Its path is then measured on the first
 `n` validation batches at the interior points of a `PROBE_POINTS`-point grid (λ = 1/4, 1/2, 3/4; the
 endpoints once for all rates), and the rate whose path stands lowest above the straight line
-(`barrier.highest_excess`, the rule that picks the best state) is chosen; ties go to the smaller rate,
+(`barrier_pair.highest_excess`, the rule that picks the best state) is chosen; ties go to the smaller rate,
 a diverged run scores +inf. Everything is a function of the seed and the data, so the choice is
 deterministic for a seed (on one machine and thread count, as the run is).
 
@@ -38,9 +38,9 @@ from dataclasses import replace
 
 import torch
 
-from ..barrier import highest_excess
+from ..barrier_pair import highest_excess
 from ..errors import SymmergeError
-from ..evaluate import grid
+from ..evaluation import grid
 from .learn_config import DEFAULT_LR, LR_FACTORS, LearnConfig
 
 BUDGET = 0.1

@@ -312,7 +312,7 @@ def mean_model(models: list, elements: list[dict], weights: list[float], keep: l
 
 def average_loss(models: list, elements: list[dict], weights: list[float], batches: list[dict], forward=None) -> float:
     """The stock HF loss of the weighted average of `g_i·P_i` on `batches` (mean over batches)."""
-    from ..evaluate import StockForward
+    from ..evaluation import StockForward
 
     forward = forward or StockForward(models[0], torch.float64)
     mean = mean_model(models, elements, weights, list(range(len(models))))
@@ -328,7 +328,7 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
     the stock HF loss of the weighted average on `batches` (the data the activations are taken on): higher
     is better, never decreasing. `device`, `dtype`: where the forwards (matching's and the objective's) run
     and their working precision (default: the CPU, float64); the statistics are summed in float64."""
-    from ..evaluate import StockForward
+    from ..evaluation import StockForward
     from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)

@@ -19,9 +19,9 @@ import math
 
 import torch
 
-from ..barrier import above_line, highest_excess, line_barrier
+from ..barrier_pair import above_line, highest_excess, line_barrier
 from ..errors import SymmergeError
-from ..evaluate import grid
+from ..evaluation import grid
 from ..simplex import dirichlet
 from .learn_config import LearnConfig
 

@@ -11,7 +11,7 @@ import torch
 
 from ..apply import apply
 from ..errors import SymmergeError
-from ..evaluate import max_abs_diff
+from ..evaluation import max_abs_diff
 from ..io import AtomicFolder, prepare_output
 from ..model import Model, in_memory, save_model
 from ..threads import one_thread

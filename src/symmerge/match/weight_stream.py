@@ -76,7 +76,7 @@ class StreamRun:
         return {key for key in part_keys(self.spec.shape) if key not in moving}
 
     def _read(self, key):
-        from ..merge import check_same_tensors
+        from ..compatible import check_same_tensors
 
         with self.timer("reading"):
             pa, pb = self.src_a.part(key), self.src_b.part(key)

@@ -251,8 +251,8 @@ def expanded_like(narrow, wide_config):
 def widest(a, b, name_a: str = "A", name_b: str = "B"):
     """(a, b) with the narrower expanded into the other's config when their widths differ (`align`,
     `interpolate`, `barrier` on mixed widths). Pairs that differ in more than widths, or that neither
-    way expands, are refused with the expansion's reason (other architectures: `merge.check_compatible`'s)."""
-    from .merge import check_compatible
+    way expands, are refused with the expansion's reason (other architectures: `compatible.check_compatible`'s)."""
+    from .compatible import check_compatible
 
     if a.shape.arch != b.shape.arch or not _widths_differ(a, b):
         check_compatible(a, b, name_a, name_b)
@@ -276,9 +276,9 @@ def _widths_differ(a, b) -> bool:
 def widest_many(models: list, names: list[str]) -> tuple[list, int]:
     """(models, w): every model in the config of models[w], the first into whose config every other
     expands ("the widest"; `merge` and the barrier of many models on mixed widths), those of that config
-    as they are. Models that differ in more than widths are refused by `merge.check_compatible`'s reason;
+    as they are. Models that differ in more than widths are refused by `compatible.check_compatible`'s reason;
     when no model takes all the others, the reason the widest (largest d_model, then FFN) cannot take one."""
-    from .merge import check_compatible
+    from .compatible import check_compatible
 
     if all(m.shape.arch == models[0].shape.arch for m in models) and any(_widths_differ(models[0], m) for m in models):
         for w, target in enumerate(models):

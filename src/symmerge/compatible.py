@@ -1,7 +1,7 @@
 """Which models can be interpolated and merged in canonical form.
 
 Canonical tensors of two models with the same `ModelShape` live in the same coordinates (norms
-folded, heads explicit), so a merge is plain arithmetic on them (`evaluate.interpolate`); the result
+folded, heads explicit), so a merge is plain arithmetic on them (`evaluation.interpolate`); the result
 is exported through the adapter as a stock checkpoint. Interpolating after aligning B to A (`g·B`) is
 the point of the whole tool.
 """

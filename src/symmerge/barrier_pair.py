@@ -1,7 +1,7 @@
 """Loss and accuracy along the straight line between two models, and the barrier on it.
 
 For each λ the canonical parameters are interpolated and run through the *stock* forward of one HF
-model object (`evaluate.StockForward`): one forward implementation, the one users run, and no model
+model object (`evaluation.StockForward`): one forward implementation, the one users run, and no model
 built per λ.
 
     loss barrier     = max_λ [ L(λ) − ((1−λ) L(0) + λ L(1)) ]
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from .evaluate import StockForward, grid, interpolate
-from .merge import check_compatible
+from .compatible import check_compatible
+from .evaluation import StockForward, grid, interpolate
 from .model import Model
 from .progress import tqdm
 
