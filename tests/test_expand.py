@@ -7,6 +7,7 @@ Every test architecture x every width change it admits, against the stock `trans
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -17,7 +18,7 @@ from factories import ARCHS, example_inputs, make_config, make_model
 from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
-from symmerge.expansion import ExpandedModel, expand_checkpoint, plan, replaced
+from symmerge.expansion import ExpandedModel, expand_checkpoint, plan
 from symmerge.model import LazyModel
 from symmerge.stream import write_streaming
 
@@ -122,7 +123,7 @@ def test_layernorm_embedding_keeps_the_stream_mean_free():
 def _expanded_with(narrow_dir, wide_config, tmp_path, **wrong):
     """The expansion with some maps replaced (a negative control), written and loaded as a stock model."""
     narrow = LazyModel(narrow_dir)
-    e = replaced(plan(narrow.adapter, narrow.config, wide_config), **wrong)
+    e = dataclasses.replace(plan(narrow.adapter, narrow.config, wide_config), **wrong)
     write_streaming(ExpandedModel(narrow, wide_config, e), lambda p: p, tmp_path / "wrong", progress=False)
     return stock(tmp_path / "wrong")
 

@@ -212,13 +212,6 @@ def _hf_items(model_dir: Path, config, name: str, split: str, seq_len: int | Non
     return {"input_ids": windows, "labels": windows.clone()}
 
 
-def describe_data(data: str) -> dict:
-    """A JSON-able record of where data came from (for symmerge.json)."""
-    p = Path(data)
-    return {"data": data if data == "digits" or data.startswith("hf:") else str(p.resolve())} | (
-        {"bytes": p.stat().st_size} if p.is_file() else {})
-
-
 @contextlib.contextmanager
 def _hub_offline_unless_reachable(datasets):
     """Yields None when the Hub can be asked (`hub.offline_reason`, HF_DATASETS_OFFLINE counted too), else

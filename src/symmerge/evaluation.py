@@ -92,10 +92,6 @@ class StockForward:
         self.eps0 = float(model.params["norm.eps"]) if "norm.eps" in model.params else None
         self.rescale = self.eps0 is not None and SCALE in model.spec.groups
 
-    def cast(self, params: Params) -> Params:
-        """Frozen canonical parameters in the forward's dtype and device (done once per model)."""
-        return {k: v.detach().to(device=self.device, dtype=self.dtype) for k, v in params.items()}
-
     def state_dict(self, params: Params) -> Params:
         """HF state dict of canonical `params`, at the HF model's eps, in the forward's dtype and device."""
         if self.rescale:

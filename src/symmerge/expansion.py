@@ -31,7 +31,6 @@ What cannot be expanded is refused in `plan` with the reason (the list: docs/gui
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,8 +346,3 @@ def expand_checkpoint(narrow_path, wide_path, out, force: bool = False, progress
                                         "writer_scale": e.writer_scale, "score_scale": e.score_scale}}
     write_streaming(model, lambda part: part, out, force=force, extra=extra, progress=progress, dtype=dtype)
     return out, e
-
-
-def replaced(e: Expansion, **changes) -> Expansion:
-    """A copy with some maps changed (the tests' negative controls)."""
-    return dataclasses.replace(e, **changes)

@@ -11,8 +11,8 @@ materialised inside the forward, so that memory holds the frozen endpoints and o
   weights and activations instead of keeping them, so a step holds the endpoints, one block and the
   blocks' inputs, whatever the depth. The vocabulary-sized ends are fed by rows (`Vocab`): an embedding
   gets only the rows of the batch's distinct ids, a head (or classifier) `head_rows` rows at a time, each
-  chunk checkpointed like a block; no vocabulary x d_model tensor is materialised (at Pythia-1.4B shape
-  each is 0.2 GB in bf16, and a step made six of them and their gradients).
+  chunk checkpointed like a block; no vocabulary x d_model tensor is materialised (each would be as large as
+  the embedding, and a whole-table step would make several of them and their gradients).
   `part` is the caller's: canonical tensors of one part (learned matching: the interpolated endpoints,
   each moved by its group element; the element of a block acts on that block's tensors only, the
   residual group on every part), optionally only some tensors and rows (`PartFn`).

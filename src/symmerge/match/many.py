@@ -39,8 +39,8 @@ completed. A fitted scale (`--groups all`) is left to the matcher.
 
 Cost of a round: round 1's matches run as pairwise matchings; a later round's matches are bounded so that
 the round costs no more than round 1 per match (`later_match_bounds`: round 1's mean sweeps per match at most,
-and a sweep worth less than the stop rule's share of the round ends its match; before, each ran the pairwise
-matcher to its own stop rule, and the 3 Llamas' round 2 took 57 sweeps against 44 for 3 pairwise matchings).
+and a sweep worth less than the stop rule's share of the round ends its match). Run to the pairwise matcher's
+own stop rule instead, a later round can cost more sweeps than round 1 while gaining less.
 
 Memory: each match forms its target, the mean of the others, once (one read and one `apply` of
 each other model) into a `part_cache.PartCache`, which every sweep of the match then reads as a

@@ -23,9 +23,10 @@ Notation: `Xa`, `Xb` are the tensors on the side the element acts on as `G` ("g"
   singular vectors and sets each singular value to its exact minimiser of the true objective
   (separable in them): this restores the balance between the two sides, since the balanced form
   alone lets G shrink towards 0 for weakly related models (G = 0 costs it little), which the true
-  objective punishes through G^{-T}. On two independent tiny Llamas (tests/factories, seeds 0 and
-  1, 6 sweeps), step 2 together with `best_scale` for the scales raised the final similarity from
-  -0.29 to -0.12; before, every attention step was rejected as not improving the objective.
+  objective punishes through G^{-T}. The result is never worse on the true objective than the balanced
+  form's G (one of the choices step 2 minimises over). Where it fails: nothing makes it better than the
+  element the descent holds already, so the descent still judges every step on the objective
+  (`weight_state.State`) and keeps the old element when a step does not improve it.
 """
 
 from __future__ import annotations

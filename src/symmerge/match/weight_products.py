@@ -7,11 +7,9 @@
 - `products="bfloat16"` (`BF16`): both operands rounded to bfloat16, products accumulated and returned in
   float32. The products of two bfloat16 numbers are exact in float32, so the result is the float32 GEMM of
   the rounded operands up to summation order. On CPUs with AVX512-BF16/AMX, MKL's `cblas_gemm_bf16bf16f32`
-  (exported by torch's own `libtorch_cpu`) runs it several times faster than a float32 GEMM (8192 x 4096
-  by 4096 x 8192 on this project's machine, 1 thread, timed once by hand under load: 3.3 s against 16 s;
-  `benchmarks/cost_products.py` measures it side by side); where the
-  symbol is missing, or on another device, the rounded operands are multiplied in float32 instead (the same
-  numbers, slower).
+  (exported by torch's own `libtorch_cpu`) runs it several times faster than a float32 GEMM
+  (`benchmarks/cost_products.py` measures the two side by side); where the symbol is missing, or on another
+  device, the rounded operands are multiplied in float32 instead (the same numbers, slower).
 
 Weight matching uses `BF16` only for the cost matrices that *propose* an assignment (FFN units, head
 circuits): every candidate is still judged by its exact distance in the algebra's precision

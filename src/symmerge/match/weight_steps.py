@@ -176,8 +176,8 @@ def _solve_map_in_chunks(grp, xa, xb, ya, yb, chunk: int | None = None) -> torch
     """`solve_map` over the leading (KV group) axis, `chunk` groups at a time, each chunk in float64.
 
     Each group's map is solved from its own rows alone, so the chunks give the batched solve's maps; what
-    changes is memory: the float64 copies and the solvers' temporaries of 8 of Llama-2-7B's 32 heads at
-    a time (the whole batch added 2.5 GiB to a 7B sweep)."""
+    changes is memory: the float64 copies and the solvers' temporaries of `chunk` KV groups at a time,
+    instead of every group's at once."""
     chunk = chunk or MAP_CHUNK
     n = xa.shape[0]
     parts = [solve_map(grp, *(x[i:i + chunk].to(G.DTYPE) for x in (xa, xb, ya, yb))) for i in range(0, n, chunk)]
