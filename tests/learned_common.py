@@ -45,6 +45,19 @@ def plain_loss(model, learner, batch, lam, elements: dict | None = None, dtype=t
     return StockForward(model, dtype).loss(interpolate(ends["A"], ends["B"], lam), batch)
 
 
+def learned_align(a, b, train: list[dict], val: list[dict], cfg: LearnConfig, out, force: bool = False,
+                  resume: bool = False) -> dict:
+    """Learn, write OUT and return the report: `learned.learn` between the pieces of `match.outputs` that
+    `symmerge align` puts around its run (`open_checkpoint`, `finish_learned`, checked on the first validation
+    batch)."""
+    from symmerge.match.learned import learn
+    from symmerge.match.outputs import finish_learned, open_checkpoint
+
+    ckpt = open_checkpoint(out, force, resume)
+    result = learn(a, b, train, val, cfg, checkpoint=ckpt, resume=resume)
+    return finish_learned(result, a, b, out, force, val[0], ckpt)
+
+
 def char_pair(folder, chars: int):
     """Two tiny character GPT-2s (context 32, seeds 0 and 1) in folder/m0 and folder/m1, and the first
     `chars` characters of Tiny Shakespeare in folder/text.txt: (the pair's align arguments, tokenizer, text)."""

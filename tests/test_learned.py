@@ -12,7 +12,7 @@ import torch
 
 from checks import assert_reported_gap, assert_same_function
 from factories import ARCHS, lm_batches, make_model, save_model
-from learned_common import CONTINUOUS, logits_of, quick
+from learned_common import CONTINUOUS, learned_align, logits_of, quick
 from symmerge import SymmergeError
 from symmerge import groups as G
 from symmerge.apply import StraightThrough, apply
@@ -24,7 +24,7 @@ from symmerge.match.learn_loop import Interrupted
 from symmerge.match.objectives import peak_lambda
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
-from symmerge.match.outputs import checkpoint_folder, learned_align, output_report, save_outputs
+from symmerge.match.outputs import checkpoint_folder, output_report, save_outputs
 from symmerge.model import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
@@ -287,8 +287,8 @@ def test_parse_lam_range():
 
 
 def test_learned_align_one_call(pair, tmp_path):
-    """The library call behind the CLI: refuses a non-empty OUT, refuses to silently restart an
-    unfinished run, resumes it, writes OUT, reports the logit gaps and removes its state."""
+    """The pieces behind the CLI, composed as it composes them: refuses a non-empty OUT, refuses to silently
+    restart an unfinished run, resumes it, writes OUT, reports the logit gaps and removes its state."""
     a, b = pair
     out = tmp_path / "out"
     cfg = quick(steps=4, eval_every=2)

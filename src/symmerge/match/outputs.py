@@ -1,6 +1,6 @@
-"""Write the outputs of learned / dual matching and measure that each computes its input's function;
-`learned_align` is learning and writing in one call (`symmerge align --method learned|dual` runs the
-same pieces around the matcher registry: `open_checkpoint`, the run, `finish_learned`)."""
+"""Write the outputs of learned / dual matching and measure that each computes its input's function
+(`symmerge align --method learned|dual` runs these pieces around the matcher registry: `open_checkpoint`,
+the run, `finish_learned`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ from ..io import AtomicFolder, prepare_output
 from ..model import Model, in_memory, save_model
 from ..threads import one_thread
 from .file_forward import FileForward
-from .learn_config import LearnConfig
 from .learn_loop import Result
-from .learned import learn
 
 
 def write_element(model, g: dict, out, force: bool = False, extra: dict | None = None, gauge=None, side=None,
@@ -125,13 +123,3 @@ def finish_learned(result: Result, a: Model, b: Model, out, force: bool, batch: 
     if not keep_checkpoint:
         shutil.rmtree(ckpt, ignore_errors=True)
     return report
-
-
-def learned_align(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConfig, out, init=None,
-                  force: bool = False, resume: bool = False, keep_checkpoint: bool = False) -> dict:
-    """Learn, write OUT (g·B, or A/ and B/ for dual) and return the JSON report with, for every output,
-    the largest logit difference from its input (on the first validation batch). The run's state lives
-    in `checkpoint_folder(out)` until OUT is written (then it is removed unless `keep_checkpoint`)."""
-    ckpt = open_checkpoint(out, force, resume)
-    result = learn(a, b, train, val, cfg, init=init, checkpoint=ckpt, resume=resume)
-    return finish_learned(result, a, b, out, force, val[0], ckpt, keep_checkpoint)
