@@ -42,6 +42,7 @@ from ..barrier_pair import highest_excess
 from ..errors import SymmergeError
 from ..evaluation import grid
 from .learn_config import DEFAULT_LR, LR_FACTORS, LearnConfig
+from .objectives import finite_or_none
 
 BUDGET = 0.1
 EVAL_SHARE = 1 / 3
@@ -168,8 +169,9 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
     order = sorted(tried)
     scores = [tried[r][0] for r in order]
     chosen = best()
-    record = {"rates": order, "excess": [_json(x) for x in scores], "barriers": [_json(max(x, 0.0)) for x in scores],
-              "diverged": [tried[r][1] for r in order], "start_excess": _json(start_excess), "chosen": chosen,
+    record = {"rates": order, "excess": [finite_or_none(x) for x in scores],
+              "barriers": [finite_or_none(max(x, 0.0)) for x in scores],
+              "diverged": [tried[r][1] for r in order], "start_excess": finite_or_none(start_excess), "chosen": chosen,
               "grid": rates, "extended": sorted(set(order) - set(rates)), "steps_each": k,
               "val_batches": n, "probe_points": PROBE_POINTS, "cost_steps": search_steps(k, n, len(order), ratio),
               "val_size_ratio": ratio,
@@ -177,6 +179,3 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
               "seconds": round(time.perf_counter() - t0, 3)}
     return chosen, record
 
-
-def _json(x: float) -> float | None:
-    return x if math.isfinite(x) else None

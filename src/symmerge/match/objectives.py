@@ -64,7 +64,8 @@ def peak_lambda(lams: list[float], losses: list, lam_range, u: list[float]) -> f
     return min(max(lams[inside[k]] + (2 * u[2] - 1) * half, lo), hi)
 
 
-def _finite(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
+    """`x`, or None where it is not finite (strict JSON has no inf or NaN)."""
     return x if math.isfinite(x) else None
 
 
@@ -90,7 +91,7 @@ class PathObjective:
 
     def entry(self, ends: list[float], inner: list[float]) -> dict:
         losses = [ends[0], *inner, ends[1]]
-        return {"barrier": _finite(line_barrier(self.lams, losses)), "losses": [_finite(x) for x in losses]}
+        return {"barrier": finite_or_none(line_barrier(self.lams, losses)), "losses": [finite_or_none(x) for x in losses]}
 
     def value(self, entry: dict) -> float | None:
         return entry["barrier"]
@@ -130,7 +131,7 @@ class SimplexObjective:
 
     def entry(self, ends: list[float], inner: list[float]) -> dict:
         excess = [loss - math.fsum(a * e for a, e in zip(alpha, ends)) for loss, alpha in zip(inner, self.points)]
-        return {"objective": _finite(max(excess)), "excess": excess}
+        return {"objective": finite_or_none(max(excess)), "excess": excess}
 
     def value(self, entry: dict) -> float | None:
         return entry["objective"]
