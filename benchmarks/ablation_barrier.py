@@ -6,7 +6,7 @@ and activation matching, for one independently trained pair.
 Weight matching runs over every family but the residual scale (the CLI default; see
 pair.py) unless a row says otherwise; a model with SwiGLU (a `glu_scale` family) gets a
 "GLU scaling off" row too. The barrier is the 11-point test-loss barrier of
-`symmerge.barrier_pair.barrier` on the same test batches for every row.
+`symmerge.evaluation.barrier_pair.barrier` on the same test batches for every row.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import dataclasses
 import time
 from pathlib import Path
 
+import record
 import torch
 
-from symmerge.apply import apply
-from symmerge.barrier_pair import barrier
-from symmerge.data import load_batches
+from symmerge.algebra.apply import apply
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.barrier_pair import barrier
 from symmerge.match.activation import activation_match
 from symmerge.match.weight import weight_match
-from symmerge.model import load_model
-
-import record
+from symmerge.store.model import load_model
 
 OFF = {"FFN permutation off": ["ffn_perm"], "head permutation off": ["head_perm"],
        "head-internal maps off": ["qk_map", "ov_map"], "residual rotation off": ["residual_rotation"],

@@ -17,13 +17,12 @@ import statistics
 import time
 from pathlib import Path
 
+import record
 import torch
 from weight_matching_scale import SHAPES, rss_gib, write_random_checkpoint
 
 from symmerge.match.activation_stream import activation_match_streaming
-from symmerge.model import LazyModel
-
-import record
+from symmerge.store.model import LazyModel
 
 
 def logged(lazy: LazyModel, log: list) -> LazyModel:

@@ -15,10 +15,9 @@ import argparse
 import time
 
 import numpy as np
+import record
 import torch
 from scipy.optimize import linear_sum_assignment
-
-import record
 
 
 def auction(score: torch.Tensor, eps_final: float | None = None, max_rounds: int = 100_000) -> torch.Tensor:

@@ -19,15 +19,14 @@ import argparse
 import json
 from pathlib import Path
 
+import record
 import torch
 from reproduction_table import ROWS, families_for, learn_row, path_barrier, weight_start
 
-from symmerge.data import load_batches
-from symmerge.evaluation import StockForward
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.forward import StockForward
 from symmerge.match.learn_config import LAM_SAMPLING
-from symmerge.model import load_model
-
-import record
+from symmerge.store.model import load_model
 
 
 def main() -> None:

@@ -15,13 +15,12 @@ import statistics
 import tempfile
 import time
 
+import record
 import torch
 import transformers as T
 
-from symmerge.evaluation import StockForward, evaluate, interpolate
-from symmerge.model import load_model
-
-import record
+from symmerge.evaluation.forward import StockForward, evaluate, interpolate
+from symmerge.store.model import load_model
 
 
 def main() -> None:

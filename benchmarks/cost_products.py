@@ -14,11 +14,10 @@ import argparse
 import statistics
 import time
 
+import record
 import torch
 
 from symmerge.match.weight_products import BF16, cross, mkl_available
-
-import record
 
 SHAPES = {"pythia-1.4b FFN": (8192, 4096), "llama-2-7b FFN": (11008, 12288)}
 

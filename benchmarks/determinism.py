@@ -36,7 +36,8 @@ import sys
 from pathlib import Path
 
 import record
-from symmerge.card import TIMING  # the report fields that are timings: dropped before hashing
+
+from symmerge.store.card import TIMING  # the report fields that are timings: dropped before hashing
 
 
 def _strip(x):
@@ -97,7 +98,7 @@ def steps(root: Path, inputs: Path, data: str, train_steps: int, learn_steps: in
 def duplicate_unit(src: Path, dst: Path) -> None:
     """`src` with FFN unit 0's input row and output column copied onto unit 1 in every layer (any architecture
     symmerge reads: through its canonical form), written as a stock checkpoint."""
-    from symmerge.model import load_model, save_model
+    from symmerge.store.model import load_model, save_model
 
     model = load_model(src)
     params = dict(model.params)

@@ -2,7 +2,7 @@
 
 Each method runs twice: from the identity, and from the weight-matching solution
 (`symmerge.match.weight.weight_match`, all families), as the method intends. The barrier is measured by
-main's harness (`symmerge.barrier_pair.barrier`, 11 points) on held-out test windows; learning uses the
+main's harness (`symmerge.evaluation.barrier_pair.barrier`, 11 points) on held-out test windows; learning uses the
 train split and tracks the validation split.
 
     python benchmarks/pairs.py gpt2-char-tiny      # the pair: runs/ts-char-tiny-seed{0,1}
@@ -17,17 +17,16 @@ import dataclasses
 import time
 from pathlib import Path
 
+import record
 import torch
 
-from symmerge.apply import apply
-from symmerge.barrier_pair import barrier
-from symmerge.data import load_batches
+from symmerge.algebra.apply import apply
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.barrier_pair import barrier
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
 from symmerge.match.weight import weight_match
-from symmerge.model import load_model
-
-import record
+from symmerge.store.model import load_model
 
 
 def main() -> None:

@@ -39,9 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import record
+import torch
 
 SHAPES = {  # d_model, layers, heads, FFN, vocabulary
     "pythia-160m": (768, 12, 12, 3072, 50304),
@@ -64,8 +63,8 @@ def config_for(shape: str, layers: int | None):
 
 def write_random(folder: Path, config, seed: int) -> Path:
     """A random bf16 checkpoint of `config`, one tensor at a time (never the whole model in float32)."""
-    from symmerge.io import ShardWriter
-    from symmerge.model import expected_tensors
+    from symmerge.store.io import ShardWriter
+    from symmerge.store.model import expected_tensors
 
     if (folder / "config.json").is_file():
         return folder
@@ -89,7 +88,7 @@ def child(a: str, b: str, method: str, dtype: str, batch: int, seq: int, recompu
     """One step in this process; prints a JSON line of peak RSS figures (bytes)."""
     from symmerge.match.learn_config import LearnConfig
     from symmerge.match.learner import Learner
-    from symmerge.model import LazyModel
+    from symmerge.store.model import LazyModel
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -115,7 +114,7 @@ def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str], phas
     import shutil
     import tempfile
 
-    from symmerge.tokenizers import char_tokenizer
+    from symmerge.data.tokenizers import char_tokenizer
 
     tok = char_tokenizer(Path(text).read_text())
     for folder in (a, b):
@@ -141,8 +140,8 @@ def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str], phas
 
 #: (module, attribute, label) of the command's phases that `--phases` wraps
 PHASES = [
-    ("symmerge.pair", "batches_for", "data"),
-    ("symmerge.pair", "load_pair", "open checkpoints"),
+    ("symmerge.workflows.pair", "batches_for", "data"),
+    ("symmerge.workflows.pair", "load_pair", "open checkpoints"),
     ("symmerge.match.registry", "weight_match", "weight matching"),
     ("symmerge.match.learned", "Learner", "learner build"),
     ("symmerge.match.learned", "make_plan", "plan (validation size, lr)"),

@@ -33,16 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import record
 import torch
 import transformers
 
 from symmerge.match.learn_config import DTYPES, LearnConfig
 from symmerge.match.learner import Learner
-from symmerge.model import LazyModel, load_model
-from symmerge.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
-from symmerge.train import _optimizer, _step
-
-import record
+from symmerge.store.model import LazyModel, load_model
+from symmerge.training.presets import ARCHS, HF_CLASSES, get_preset, lm_config, vit_config
+from symmerge.training.trainer import _optimizer, _step
 
 VOCAB = 65  # Tiny Shakespeare characters
 IMAGE, CLASSES = 28, 10  # MNIST

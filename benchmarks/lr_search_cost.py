@@ -20,9 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import record
+import torch
 
 DATA = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt")
 
@@ -39,10 +38,10 @@ def _pair(folder: Path, arch: str, train_steps: int, data: str) -> list[Path]:
 
 
 def main() -> None:
-    from symmerge.data import load_batches
+    from symmerge.data.batches import load_batches
     from symmerge.match.learn_config import LearnConfig
     from symmerge.match.learned import learn
-    from symmerge.model import load_model
+    from symmerge.store.model import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", required=True)

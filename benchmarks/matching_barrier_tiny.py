@@ -15,16 +15,15 @@ import dataclasses
 import time
 from pathlib import Path
 
+import record
 import torch
 
-from symmerge.apply import apply
-from symmerge.barrier_pair import barrier
-from symmerge.data import load_batches
+from symmerge.algebra.apply import apply
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.barrier_pair import barrier
 from symmerge.match.activation import activation_match
 from symmerge.match.weight import weight_match
-from symmerge.model import load_model
-
-import record
+from symmerge.store.model import load_model
 
 
 def main() -> None:

@@ -29,18 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import record
+import torch
 
 
 def barrier_row(paths, batches, simplex_points: int) -> dict:
     """`many_barrier` on the test batches, with the standard error of the average's excess taken per batch
     (paired: the endpoints' losses on the same batch subtracted)."""
-    from symmerge.barrier_many import many_barrier, mix
-    from symmerge.evaluation import StockForward, mean_se
-    from symmerge.merge_many import check_models
-    from symmerge.model import load_model
+    from symmerge.evaluation.barrier_many import many_barrier, mix
+    from symmerge.evaluation.forward import StockForward, mean_se
+    from symmerge.store.model import load_model
+    from symmerge.workflows.merge_many import check_models
 
     models = [load_model(p) for p in paths]
     r = many_barrier(models, batches, points=3, simplex_points=simplex_points, progress=False)
@@ -60,8 +59,8 @@ def pairwise_cost(paths, families: list[str] | None = None) -> dict:
     """N pairwise weight matchings (model i to model i+1, `families` or every default family, from the identity),
     streamed."""
     from symmerge.match.weight import weight_match
-    from symmerge.merge_many import check_models
-    from symmerge.model import LazyModel
+    from symmerge.store.model import LazyModel
+    from symmerge.workflows.merge_many import check_models
 
     models, _ = check_models([LazyModel(p) for p in paths], [str(p) for p in paths])  # a width pair: expanded
     fams = families or models[0].spec.default_families()
@@ -85,8 +84,8 @@ def memory_child(kind: str, paths: list[str], max_rounds: int) -> None:
     N-model matching (`many`), print the resident memory before and the peak (KiB) as JSON."""
     from symmerge.match.many import weight_match_many
     from symmerge.match.weight import weight_match
-    from symmerge.merge_many import check_models
-    from symmerge.model import LazyModel
+    from symmerge.store.model import LazyModel
+    from symmerge.workflows.merge_many import check_models
 
     torch.set_num_threads(1)
     models, _ = check_models([LazyModel(p) for p in paths], paths)
@@ -177,9 +176,9 @@ def main() -> None:
         return memory_child(args.memory_child, args.models, args.max_rounds)
     torch.set_num_threads(1)
 
-    from symmerge.data import load_batches
+    from symmerge.data.batches import load_batches
     from symmerge.match import registry
-    from symmerge.merge_many import merge_models
+    from symmerge.workflows.merge_many import merge_models
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,8 +195,8 @@ def main() -> None:
     for method in ["weight", *(m for m in args.methods.split(",") if m != "weight")]:
         t0 = time.perf_counter()
         if method == "weight":  # timed alone: the rounds, then the pairwise matchings beside them
-            from symmerge.merge_many import check_models
-            from symmerge.model import LazyModel
+            from symmerge.store.model import LazyModel
+            from symmerge.workflows.merge_many import check_models
 
             lazy, _ = check_models([LazyModel(p) for p in args.models], list(args.models))
             fams = args.families.split(",") if args.families else lazy[0].spec.default_families()

@@ -48,12 +48,12 @@ def demo_scale(root: Path) -> list[str]:
     settings (20 sweeps) and test batches: the two barriers, 3 decimals (the first is the demo row's)."""
     import dataclasses
 
-    from symmerge.apply import apply
-    from symmerge.barrier_pair import barrier
-    from symmerge.data import load_batches
-    from symmerge.demo import DemoArgs
+    from symmerge.algebra.apply import apply
+    from symmerge.data.batches import load_batches
+    from symmerge.evaluation.barrier_pair import barrier
     from symmerge.match import registry
-    from symmerge.model import load_model
+    from symmerge.store.model import load_model
+    from symmerge.workflows.demo import DemoArgs
 
     folder = Path(_demo_run()["folder"])
     args = DemoArgs()

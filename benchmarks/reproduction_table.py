@@ -13,7 +13,7 @@ batches (best state kept). Figures: the 11-point loss barrier on the *same* test
 every row, computed per batch through the stock HF forward (`evaluation.StockForward`), so that the
 standard error is the paired one: the spread over test batches of the per-batch gap
 L_b(lam*) - ((1 - lam*) L_b(0) + lam* L_b(1)) at the peak lam* of the mean curve, over sqrt(n).
-The barrier equals `symmerge.barrier_pair.barrier`'s on the same batches (same grid, token-weighted means).
+The barrier equals `symmerge.evaluation.barrier_pair.barrier`'s on the same batches (same grid, token-weighted means).
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ import json
 import time
 from pathlib import Path
 
+import record
 import torch
 
-from symmerge.apply import apply
-from symmerge.barrier_pair import summarise
-from symmerge.data import load_batches
-from symmerge.evaluation import StockForward, grid, interpolate, mean_se
+from symmerge.algebra.apply import apply
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.barrier_pair import summarise
+from symmerge.evaluation.forward import StockForward, grid, interpolate, mean_se
 from symmerge.match.learn_config import LAM_SAMPLING, LearnConfig, parse_lam_range
 from symmerge.match.learned import learn
 from symmerge.match.parametrize import straight_through
 from symmerge.match.weight import weight_match
-from symmerge.model import load_model
-
-import record
+from symmerge.store.model import load_model
 
 #: key -> (label, method, families to drop from the default, families to add, --param)
 ROWS = {

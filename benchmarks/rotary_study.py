@@ -44,7 +44,7 @@ FAMILY_LABELS = {"residual_rotation": "rotation", "head_perm": "heads", "qk_map"
 
 def families_of(model: str) -> list[str]:
     """The default families of a checkpoint (`Spec.default_families`), asked of the library once per pair."""
-    from symmerge.model import load_model
+    from symmerge.store.model import load_model
 
     return load_model(model).spec.default_families()
 
@@ -73,9 +73,9 @@ def qk_as_rotary() -> None:
     every element is still a symmetry of the model; nothing else changes."""
     import dataclasses
 
-    import symmerge.model as M
+    import symmerge.store.model as M
+    from symmerge.algebra.spec import QK_MAP
     from symmerge.cli import main as cli
-    from symmerge.spec import QK_MAP
 
     build = M.build_spec
 

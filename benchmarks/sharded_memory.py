@@ -38,10 +38,10 @@ def _status(field: str) -> int:
 
 def child(a: str, b: str, out: str, batch: int, seq: int) -> None:
     """One rank: build the learner (sharded when several), one step; writes OUT.rankR.json."""
-    from symmerge import distributed
     from symmerge.match.learn_config import LearnConfig
     from symmerge.match.learner import Learner
-    from symmerge.model import LazyModel
+    from symmerge.runtime import distributed
+    from symmerge.store.model import LazyModel
 
     torch.set_num_threads(1)
     group = distributed.init("cpu", shard=0)

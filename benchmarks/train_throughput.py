@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import time
 
+import record
 import torch
 
-from symmerge.presets import HF_CLASSES, get_preset, lm_config, vit_config
-from symmerge.train import _optimizer, _step
-
-import record
+from symmerge.training.presets import HF_CLASSES, get_preset, lm_config, vit_config
+from symmerge.training.trainer import _optimizer, _step
 
 
 def bench(arch: str, preset: str, vocab: int, steps: int, warmup: int, batch_size: int | None) -> tuple[float, str]:

@@ -28,16 +28,15 @@ import resource
 import time
 from pathlib import Path
 
+import record
 import torch
 
 import symmerge.match.residual as residual_mod
 import symmerge.match.weight as weight_mod
 import symmerge.match.weight_steps as steps_mod
-from symmerge.io import ShardWriter
 from symmerge.match.weight_products import CHOICES
-from symmerge.model import LazyModel, expected_tensors, part_keys
-
-import record
+from symmerge.store.io import ShardWriter
+from symmerge.store.model import LazyModel, expected_tensors, part_keys
 
 SHAPES = {"pythia-70m": (512, 6, 8), "pythia-410m": (1024, 24, 16), "pythia-1.4b": (2048, 24, 16),
           "llama-2-7b": (4096, 32, 32)}  # d, layers, heads

@@ -25,12 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import record  # noqa: E402
 from weight_matching_scale import SHAPES, write_random_checkpoint  # noqa: E402
 
 from symmerge.match.weight import weight_match  # noqa: E402
-from symmerge.model import LazyModel  # noqa: E402
-
-import record  # noqa: E402
+from symmerge.store.model import LazyModel  # noqa: E402
 
 
 def compare(ref: dict, other: dict, spec) -> dict:

@@ -19,8 +19,8 @@ import torch
 import transformers as T
 from safetensors.torch import load_file, save_file
 
-from symmerge.images import processor_config, write_processor_config
-from symmerge.tokenizers import char_tokenizer
+from symmerge.data.images import processor_config, write_processor_config
+from symmerge.data.tokenizers import char_tokenizer
 
 TEXT = "".join(chr(c) for c in range(32, 127)) * 40 + "\n"  # every printable ASCII character
 WEIGHTS = "model.safetensors"

@@ -55,7 +55,7 @@ def _deterministic():
 def pair(tmp_path_factory):
     """Two tiny GPT-2s of different seeds, in memory, for the learned- and dual-matching tests (one pair per module)."""
     from factories import save_model
-    from symmerge.model import load_model
+    from symmerge.store.model import load_model
 
     d = tmp_path_factory.mktemp("pair")
     return load_model(save_model(make_model("gpt2", 0), d / "a")), load_model(save_model(make_model("gpt2", 1), d / "b"))

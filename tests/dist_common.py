@@ -30,7 +30,7 @@ def make_pair(d: Path) -> tuple[Path, Path]:
     """The tiny GPT-2 pair in `d`/a and `d`/b, with a character tokenizer (for the command line), and
     `d`/text.txt."""
     from factories import make_model, save_model
-    from symmerge.tokenizers import char_tokenizer
+    from symmerge.data.tokenizers import char_tokenizer
 
     tok = char_tokenizer(CHARS)
     out = save_model(make_model("gpt2", 0), d / "a"), save_model(make_model("gpt2", 1), d / "b")

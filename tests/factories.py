@@ -144,7 +144,7 @@ def example_inputs(arch: str, seed: int = 0, batch: int = 2) -> dict:
 
 def runnable(model):
     """`model`, set to run its experts (a mixture of experts) by the eager loop where its dtype is one the default
-    kernel (grouped_mm: float32/16 only) cannot multiply, as `symmerge.model.runs_in` does."""
+    kernel (grouped_mm: float32/16 only) cannot multiply, as `symmerge.store.model.runs_in` does."""
     if model._can_set_experts_implementation() and next(model.parameters()).dtype == torch.float64:
         model.set_experts_implementation("eager")
     return model
@@ -159,7 +159,7 @@ def logits(model, inputs: dict) -> torch.Tensor:
 
 def stock_logits(model, params: dict, inputs: dict) -> torch.Tensor:
     """The stock HF forward of the canonical `params` of `model` (exported in its config) on `inputs`."""
-    from symmerge.model import build_hf_model, export_state_dict
+    from symmerge.store.model import build_hf_model, export_state_dict
 
     config, sd = export_state_dict(model, params)
     return logits(build_hf_model(config, sd, model.shape.hf_class), inputs)
@@ -168,14 +168,14 @@ def stock_logits(model, params: dict, inputs: dict) -> torch.Tensor:
 def loaded_with_logits(arch: str, folder: Path):
     """(the tiny float64 `arch` model saved in `folder` and loaded in canonical form, its stock logits on
     `example_inputs(arch)`)."""
-    from symmerge.model import load_model
+    from symmerge.store.model import load_model
 
     model = load_model(save_model(make_model(arch), folder))
     return model, stock_logits(model, model.params, example_inputs(arch))
 
 
 def lm_batches(n: int, seed: int, size: int = 4, length: int = 12) -> list[dict]:
-    """Synthetic language-model batches (random token ids), in the shape `symmerge.data.load_batches` returns."""
+    """Synthetic language-model batches (random token ids), in the shape `symmerge.data.batches.load_batches` returns."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from symmerge.apply import apply
-from symmerge.evaluation import StockForward, interpolate
+from symmerge.algebra.apply import apply
+from symmerge.evaluation.forward import StockForward, interpolate
 from symmerge.match.learn_config import LearnConfig
-from symmerge.model import build_hf_model, export_state_dict
+from symmerge.store.model import build_hf_model, export_state_dict
 
 #: the continuous families (what dual matching learns)
 CONTINUOUS = ["residual_rotation", "qk_map", "ov_map"]
@@ -64,7 +64,7 @@ def char_pair(folder, chars: int):
     import transformers as T
 
     from conftest import shared_data
-    from symmerge.tokenizers import char_tokenizer
+    from symmerge.data.tokenizers import char_tokenizer
 
     text = shared_data("tinyshakespeare.txt").read_text()[:chars]
     (folder / "text.txt").write_text(text)

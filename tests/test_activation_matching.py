@@ -1,7 +1,7 @@
 """Activation matching: planted elements recovered from activations; outputs keep B's function.
 
 Most tests use synthetic batches of random token ids (random images for ViT), injected in place of
-`symmerge.data.load_batches` for the CLI; one goes through the real data API on Tiny Shakespeare.
+`symmerge.data.batches.load_batches` for the CLI; one goes through the real data API on Tiny Shakespeare.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from checks import assert_different_function, assert_same_function, with_tensor_
 from conftest import shared_data
 from factories import example_inputs, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.data.tokenizers import char_tokenizer
 from symmerge.match.activation import activation_match
-from symmerge.model import load_model
-from symmerge.tokenizers import char_tokenizer
+from symmerge.store.model import load_model
 from test_weight_matching import ACTIVATION, SUPPORTED
 
 
@@ -53,10 +53,10 @@ def test_planted_recovery_from_activations(arch, tmp_path):
 
 @pytest.fixture
 def fake_data(monkeypatch):
-    """`symmerge.data.load_batches` returning synthetic token batches. The real module's attribute is
+    """`symmerge.data.batches.load_batches` returning synthetic token batches. The real module's attribute is
     patched (a stand-in module in sys.modules would stay bound in every module first imported during
-    the test, e.g. `symmerge.demo` through the CLI's parser, and leak into later tests)."""
-    import symmerge.data
+    the test, e.g. `symmerge.workflows.demo` through the CLI's parser, and leak into later tests)."""
+    import symmerge.data.batches
 
     calls = []
 
@@ -64,7 +64,7 @@ def fake_data(monkeypatch):
         calls.append((str(model_dir), data, split, batch_size, seq_len, max_batches))
         return batches("llama" if "vit" not in str(data) else "vit", n=max_batches)
 
-    monkeypatch.setattr(symmerge.data, "load_batches", load_batches)
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", load_batches)
     return calls
 
 
@@ -94,7 +94,7 @@ def test_activation_unrelated_models_keep_b_function(tmp_path):
     res = activation_match(A, B, batches("llama"))
     assert res.extra["fit"]["residual_r2"] < 0.99  # negative control: they are not one model
     C = apply(B.spec, res.g, B.params)
-    from symmerge.model import build_hf_model, export_state_dict
+    from symmerge.store.model import build_hf_model, export_state_dict
 
     config, sd = export_state_dict(B, C)
     x = example_inputs("llama")

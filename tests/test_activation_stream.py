@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from factories import make_model, rel_distance, save_model
-from symmerge.apply import apply
-from symmerge.elements import identity_element, random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import identity_element, random_element
+from symmerge.algebra.spec import SCALE
 from symmerge.match.activation import activation_match
 from symmerge.match.activation_stream import activation_match_streaming
-from symmerge.model import LazyModel, load_model
-from symmerge.spec import SCALE
-from symmerge.stream import write_streaming
+from symmerge.store.model import LazyModel, load_model
+from symmerge.store.stream import write_streaming
 from test_activation_matching import batches
 from test_weight_matching import ACTIVATION, SUPPORTED
 

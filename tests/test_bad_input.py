@@ -332,7 +332,7 @@ CASES = [
     ("barrier4-plot", lambda c, o: ["barrier", *_a_b(c, _p(c, "c"), _p(c, "a"), "--data", _p(c, "text"), "--plot",
                                                      str(c["root"] / "p.png"))], "three models"),
     ("barrier2-simplex-option", lambda c, o: _barrier(c, "--weights", "0.5,0.5"), "three or more"),
-    # --device and --dtype (symmerge.devices); this machine has no GPU, so every cuda is refused
+    # --device and --dtype (symmerge.runtime.devices); this machine has no GPU, so every cuda is refused
     ("train-device-cuda", lambda c, o: _train(c, o, "--device", "cuda"), "no CUDA GPU is visible"),
     ("eval-device-cuda", lambda c, o: _eval(c, "--device", "cuda"), "no CUDA GPU"),
     ("eval-device-cuda-index", lambda c, o: _eval(c, "--device", "cuda:7"), "no CUDA GPU"),
@@ -380,7 +380,7 @@ def _many_heads(c) -> str:
     import transformers as T
 
     from bad_inputs import TEXT
-    from symmerge.tokenizers import char_tokenizer
+    from symmerge.data.tokenizers import char_tokenizer
 
     path = c["root"] / "many_heads"
     if not path.exists():
@@ -425,8 +425,8 @@ def _out(ctx, fault, monkeypatch) -> Path:
     """OUT for a case: beside the inputs; on a full disk; or in a folder this user may not write."""
     if fault == "full":
         if not ctx["tmpfs"]:  # no tmpfs to fill: the writer fails as safetensors does on a full disk
-            import symmerge.io as io
-            import symmerge.train as train
+            import symmerge.store.io as io
+            import symmerge.training.trainer as train
 
             def full(*args, **kwargs):
                 raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(errno.ENOSPC)} (os error 28)")
@@ -444,7 +444,7 @@ def _out(ctx, fault, monkeypatch) -> Path:
         return ctx["root"] / "out"
     if fault in ("offline", "no-network"):  # hf:NAME that no cache holds: refused at once, not after retries
         pytest.importorskip("datasets", reason="hf:NAME needs the optional datasets package")
-        import symmerge.hub as hub
+        import symmerge.store.hub as hub
 
         for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
             monkeypatch.delenv(var, raising=False)
@@ -478,7 +478,7 @@ def _hub_fault(ctx, fault, monkeypatch) -> None:
     if fault == "hub":
         return
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr("symmerge.hub._reachable", lambda url, timeout: True)
+    monkeypatch.setattr("symmerge.store.hub._reachable", lambda url, timeout: True)
     response = httpx2.Response(401 if fault == "401" else 403, request=httpx2.Request("GET", "https://huggingface.co"))
     error = (GatedRepoError("Access to model org/gated is restricted", response=response) if fault == "gated" else
              HfHubHTTPError("401 Client Error: Unauthorized", response=response))

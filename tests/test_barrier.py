@@ -11,15 +11,15 @@ from checks import assert_different_function, assert_same_function, stock
 from conftest import shared_data
 from factories import example_inputs
 from symmerge import SymmergeError
-from symmerge.apply import apply
-from symmerge.barrier_pair import barrier
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.cli import main
-from symmerge.compatible import check_compatible
-from symmerge.data import load_batches
-from symmerge.elements import random_element
-from symmerge.evaluation import interpolate
-from symmerge.model import build_hf_model, export_state_dict, load_model, save_model
-from symmerge.train import TrainArgs, train
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.barrier_pair import barrier
+from symmerge.evaluation.forward import interpolate
+from symmerge.store.compatible import check_compatible
+from symmerge.store.model import build_hf_model, export_state_dict, load_model, save_model
+from symmerge.training.trainer import TrainArgs, train
 
 
 @pytest.fixture(scope="module")

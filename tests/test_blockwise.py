@@ -17,12 +17,12 @@ import torch
 from checks import assert_reported_gap, tolerance
 from factories import ARCHS, lm_batches, make_model, save_model
 from learned_common import plain_loss, quick
-from symmerge.elements import random_element
+from symmerge.algebra.elements import random_element
 from symmerge.match.frozen import Frozen
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.outputs import output_report, save_outputs
-from symmerge.model import LazyModel, load_model
+from symmerge.store.model import LazyModel, load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 

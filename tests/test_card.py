@@ -1,4 +1,4 @@
-"""Every checkpoint symmerge writes carries a model card (README.md, `symmerge.card`) that huggingface_hub reads:
+"""Every checkpoint symmerge writes carries a model card (README.md, `symmerge.store.card`) that huggingface_hub reads:
 base_model names the inputs (Hub ids where given, else folder names), tags name symmerge and the operation,
 library_name is transformers; the body has the operation, the command line, symmerge's version and the figures
 measured. The outputs stay loadable by stock `from_pretrained`, and the card is the same for the same command

@@ -206,10 +206,10 @@ def test_unsupported_and_symmetry_breaking(tmp_path, capsys):
 def test_the_largest_spread_still_preserves_the_function(trained, tmp_path):
     """--spread is capped where a float32 output still computes its input's function; past the cap (the
     library call the CLI refuses) it does not: the cap is where the conditioning breaks, not arbitrary."""
-    from symmerge.apply import apply
+    from symmerge.algebra.apply import apply
+    from symmerge.algebra.elements import random_element
     from symmerge.commands.transform import SPREAD_MAX
-    from symmerge.elements import random_element
-    from symmerge.model import load_model, save_model
+    from symmerge.store.model import load_model, save_model
 
     src, batch = trained["llama_gqa_tied"]
     cls = T.LlamaForCausalLM

@@ -16,10 +16,10 @@ import transformers as T
 from conftest import shared_data
 from symmerge import SymmergeError
 from symmerge.cli import main
-from symmerge.data import load_batches, split_range
-from symmerge.evaluation import evaluate, evaluate_params
-from symmerge.images import load_images, preprocess, processor_config, write_processor_config
-from symmerge.tokenizers import bpe_tokenizer, char_tokenizer, gpt2_tokenizer
+from symmerge.data.batches import load_batches, split_range
+from symmerge.data.images import load_images, preprocess, processor_config, write_processor_config
+from symmerge.data.tokenizers import bpe_tokenizer, char_tokenizer, gpt2_tokenizer
+from symmerge.evaluation.forward import evaluate, evaluate_params
 
 
 @pytest.fixture(scope="module")

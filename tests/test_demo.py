@@ -9,7 +9,7 @@ import torch
 from checks import stock, tolerance
 from factories import logits
 from symmerge.cli import main
-from symmerge.data import load_batches
+from symmerge.data.batches import load_batches
 
 
 def test_demo_runs_every_method_and_reuses_the_pair(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""--device and --dtype (`symmerge.devices`): the checks, and what bfloat16/float16 change and do not.
+"""--device and --dtype (`symmerge.runtime.devices`): the checks, and what bfloat16/float16 change and do not.
 
 Tolerance of a bfloat16 forward against float32: bfloat16 keeps 8 significant bits, so every weight and
 activation is rounded by at most eps/2 relative (eps = finfo(bfloat16).eps = 2^-7). A token's loss then
@@ -24,10 +24,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from symmerge import SymmergeError, devices
+from symmerge import SymmergeError
 from symmerge.cli import main
 from symmerge.match.learn_config import LearnConfig
-from symmerge.train import TrainArgs, train
+from symmerge.runtime import devices
+from symmerge.training.trainer import TrainArgs, train
 
 EPS = torch.finfo(torch.bfloat16).eps
 WRONG_EPS = 1e-3  # the negative controls' LayerNorm eps (the checkpoints': 1e-5)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dist_common import CHARS, HERE, align, env, last_losses, launch_cli, load, outputs_rel, rel, torchrun
 
 
@@ -40,7 +41,7 @@ def _config(method: str, steps: int = 6):
 
 
 def _init(b, method: str):
-    from symmerge.elements import random_element
+    from symmerge.algebra.elements import random_element
 
     return random_element(b.spec, torch.Generator().manual_seed(7 if method == "learned" else 8))
 
@@ -51,10 +52,11 @@ def _init(b, method: str):
 def _worker(spec: dict) -> int:
     from safetensors.torch import save_file
 
-    from symmerge import SymmergeError, distributed
+    from symmerge import SymmergeError
     from symmerge.match.learn_loop import Interrupted
     from symmerge.match.learned import learn
-    from symmerge.model import load_model
+    from symmerge.runtime import distributed
+    from symmerge.store.model import load_model
 
     group = distributed.init("cpu")
     a, b = load_model(spec["a"]), load_model(spec["b"])
@@ -142,7 +144,7 @@ def test_two_processes_take_the_single_process_step(dirs, launched, tmp_path, me
     """Data parallel, and with the endpoints sharded over the ranks (`match/sharded.py`): the group
     parameters, outside the sharding, are still summed over the ranks and equal one process's."""
     from symmerge.match.learned import learn
-    from symmerge.model import load_model
+    from symmerge.store.model import load_model
 
     a, b = load_model(dirs[0]), load_model(dirs[1])
     train, val = _train_val()
@@ -241,7 +243,7 @@ def test_merge_of_three_under_torchrun_takes_the_single_process_steps(dirs, tmp_
     Negative control: the learned merge is not the weight-matching merge it started from."""
     from factories import make_model, save_model
     from symmerge.cli import main
-    from symmerge.tokenizers import char_tokenizer
+    from symmerge.data.tokenizers import char_tokenizer
 
     third = save_model(make_model("gpt2", 2), tmp_path / "c")
     char_tokenizer(CHARS).save_pretrained(third)

@@ -11,8 +11,8 @@ import torch
 from checks import assert_reported_gap, assert_same_function
 from factories import lm_batches
 from learned_common import CONTINUOUS, char_pair, logits_of, quick
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
@@ -38,8 +38,8 @@ def test_dual_path_is_a_one_sided_path_moved_by_g_a(pair):
     (gA^-1 gB)·B): dual matching reaches the same paths (the same losses at every lam) as one-sided
     matching with g = gA^-1 gB; it can differ only in how the optimiser gets there. Stock HF logits,
     float64. Negative control: dropping gA^-1 changes the path."""
-    from symmerge.elements import compose, inverse
-    from symmerge.evaluation import interpolate
+    from symmerge.algebra.elements import compose, inverse
+    from symmerge.evaluation.forward import interpolate
 
     a, b = pair
     gen = torch.Generator().manual_seed(5)
@@ -88,7 +88,7 @@ def test_dual_learner_runs_the_relative_path_with_the_two_sided_loss_and_gradien
     transformed), which is gA^-1 of the two-sided path (1 - lam)·gA·A + lam·gB·B: away from the identity (random
     group parameters on both sides), float64, the loss and every group parameter's gradient equal the two-sided
     path's to 1e-9 relative. Negative control: the relative element without gA^-1 (gB alone) changes the loss."""
-    from symmerge import groups as G
+    from symmerge.algebra import groups as G
 
     a, b = pair
     init = random_element(b.spec, torch.Generator().manual_seed(8), CONTINUOUS)

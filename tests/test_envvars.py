@@ -1,9 +1,9 @@
-"""One rule for yes/no environment variables (`symmerge.envvars.flag`), used by the progress bars
+"""One rule for yes/no environment variables (`symmerge.runtime.envvars.flag`), used by the progress bars
 (`TQDM_DISABLE`) and by hf: data's offline check (`HF_HUB_OFFLINE`, `HF_DATASETS_OFFLINE`)."""
 
 import pytest
 
-from symmerge.envvars import flag
+from symmerge.runtime.envvars import flag
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -1,4 +1,4 @@
-"""The evaluation service (`symmerge.evaluation`): one interpolation formula, one λ grid, one input cast,
+"""The evaluation service (`symmerge.evaluation.forward`): one interpolation formula, one λ grid, one input cast,
 and canonical parameters through the stock forward at the HF model's eps."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 
 from factories import lm_batches
 from symmerge import SymmergeError
-from symmerge.apply import apply
-from symmerge.evaluation import StockForward, evaluate, grid, interpolate, model_inputs
-from symmerge.model import hf_class, load_model
+from symmerge.algebra.apply import apply
+from symmerge.evaluation.forward import StockForward, evaluate, grid, interpolate, model_inputs
+from symmerge.store.model import hf_class, load_model
 
 
 def test_interpolate_is_the_written_sum_at_every_lambda():

@@ -18,9 +18,9 @@ from factories import ARCHS, example_inputs, make_config, make_model
 from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
-from symmerge.expansion import ExpandedModel, expand_checkpoint, plan
-from symmerge.model import LazyModel
-from symmerge.stream import write_streaming
+from symmerge.store.expansion import ExpandedModel, expand_checkpoint, plan
+from symmerge.store.model import LazyModel
+from symmerge.store.stream import write_streaming
 
 EPS_KEYS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps")
 
@@ -110,7 +110,7 @@ def test_expand_preserves_the_function(arch, case, narrow_dirs, narrow_models, t
 
 def test_layernorm_embedding_keeps_the_stream_mean_free():
     """P 1_d = sqrt(d/D) 1_D, and a mean-free narrow vector stays mean-free."""
-    from symmerge.expansion import residual_embedding
+    from symmerge.store.expansion import residual_embedding
 
     for d, D in ((24, 48), (32, 40), (5, 5)):
         P = residual_embedding(d, D, centred=True)

@@ -1,5 +1,5 @@
 """Mixed widths in `align`, `interpolate` and `barrier`: the narrower model is expanded into the wider
-one's config first (`symmerge.expansion.widest`), and OUT is a wide-config checkpoint."""
+one's config first (`symmerge.store.expansion.widest`), and OUT is a wide-config checkpoint."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import transformers as T
 
 from checks import assert_same_function, stock
 from factories import example_inputs, make_config, make_model, rel_distance
-from symmerge.apply import apply
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.cli import main
-from symmerge.elements import random_element
-from symmerge.expansion import expand_checkpoint
-from symmerge.model import load_model, save_model
-from symmerge.tokenizers import char_tokenizer
+from symmerge.data.tokenizers import char_tokenizer
+from symmerge.store.expansion import expand_checkpoint
+from symmerge.store.model import load_model, save_model
 
 
 def _wide_config(arch: str):

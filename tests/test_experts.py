@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 from checks import assert_different_function, assert_same_function, gap
 from factories import EXPERTS, example_inputs, loaded_with_logits, logits, make_config, make_model, rel_distance, stock_logits
 from symmerge import cli
-from symmerge.apply import apply
-from symmerge.elements import random_element
-from symmerge.model import load_model
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.store.model import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dist_common import HERE, align, env, last_losses, launch_cli, outputs_rel, torchrun
 
 
@@ -30,10 +31,10 @@ def _orders(n: int) -> dict[str, list]:
 
 
 def _worker(spec: dict) -> int:
-    from symmerge import distributed
     from symmerge.match.frozen import Frozen
     from symmerge.match.sharded import Sharded
-    from symmerge.model import load_model
+    from symmerge.runtime import distributed
+    from symmerge.store.model import load_model
 
     group = distributed.init("cpu")
     a, b = load_model(spec["a"]), load_model(spec["b"])
@@ -89,7 +90,7 @@ def test_each_process_keeps_one_share(stores):
 def test_the_next_block_is_gathered_ahead(stores, dist_pair):
     """Forward: every block was prefetched (block 0 after the embeddings); backward: every block but the
     last, whose gather follows the head."""
-    from symmerge.model import LazyModel
+    from symmerge.store.model import LazyModel
 
     n = LazyModel(dist_pair[0]).shape.n_layers
     for rank in stores:

@@ -10,8 +10,8 @@ import transformers as T
 
 from factories import CLASSES, example_inputs, logits, make_model
 from symmerge.cli import main
-from symmerge.gauge import MERGEKIT_FILE
-from symmerge.model import load_model, reference_gauge, save_model
+from symmerge.store.gauge import MERGEKIT_FILE
+from symmerge.store.model import load_model, reference_gauge, save_model
 
 ARCHS = ["gpt2", "llama", "llama_untied", "qwen3", "olmo2", "gemma2", "gpt_neox", "gpt_neox_seq", "vit"]
 
@@ -103,7 +103,7 @@ def test_zero_norm_weight_falls_back_to_canonical(tmp_path, capsys):
                                            ("align", torch.float32), ("expand", torch.bfloat16)])
 def test_out_dtype(tmp_path, command, dtype):
     """--out-dtype writes the checkpoint in that dtype; the function agrees to that dtype's precision."""
-    from symmerge.io import Checkpoint
+    from symmerge.store.io import Checkpoint
 
     a, b = tmp_path / "a", tmp_path / "b"
     make_model("llama_untied", seed=0).save_pretrained(a)

@@ -14,10 +14,10 @@ import torch
 
 from checks import assert_different_function, assert_same_function
 from factories import example_inputs, loaded_with_logits, logits, make_model, stock_logits
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.cli import main
-from symmerge.apply import apply
-from symmerge.elements import random_element
-from symmerge.model import LazyModel
+from symmerge.store.model import LazyModel
 
 F32 = torch.float32
 

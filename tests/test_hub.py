@@ -1,4 +1,4 @@
-"""Checkpoints by Hub id (`symmerge.hub`): ORG/NAME and ORG/NAME@REVISION read from a hub cache laid out on disk
+"""Checkpoints by Hub id (`symmerge.store.hub`): ORG/NAME and ORG/NAME@REVISION read from a hub cache laid out on disk
 (`bad_inputs.hub_cache`), offline, never from the network. Every command's results by id (and by a second ref
 or a commit) equal the same folder's, and the commit is recorded in every report and output metadata; a folder
 that exists wins over an id of the same spelling. Bad ids are in the catalogue (`test_bad_input.py`)."""

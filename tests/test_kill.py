@@ -102,7 +102,7 @@ def test_killed_write_leaves_no_output_and_the_next_run_no_litter(name, argv_of,
 
 
 def test_stale_temporary_folders_are_cleaned_and_a_hidden_old_output_restored(tmp_path):
-    from symmerge.io import clean_stale
+    from symmerge.store.io import clean_stale
 
     out = tmp_path / "o"
     dead = 2**22 + 12345  # above the default pid_max: no such process
@@ -128,7 +128,7 @@ def test_a_commit_of_two_folders_killed_between_its_renames_is_finished(tmp_path
     cannot hit: microseconds) is finished by the next clean of either folder: both new, no old copy, no
     journal or temporary folder left. Negative control: without the journals (a kill before them),
     nothing is committed and the temporary folders just go."""
-    from symmerge import atomic
+    from symmerge.runtime import atomic
 
     dead = 2**22 + 54321  # no such process
     out, folder = tmp_path / "out", tmp_path / "sub" / "dir"

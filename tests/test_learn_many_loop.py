@@ -13,15 +13,15 @@ from safetensors.torch import load_file
 from factories import lm_batches, make_model, save_model
 from learned_common import CONTINUOUS
 from symmerge import SymmergeError, cli
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.data.tokenizers import char_tokenizer
 from symmerge.match import learn_loop
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learn_loop import Interrupted
 from symmerge.match.learn_many import learn_many
 from symmerge.match.outputs import checkpoint_folder
-from symmerge.model import load_model
-from symmerge.tokenizers import char_tokenizer
+from symmerge.store.model import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 

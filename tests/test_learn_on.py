@@ -11,8 +11,8 @@ import torch
 
 from factories import lm_batches
 from learned_common import CONTINUOUS
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.match.learn_config import FLAT, LearnConfig
 from symmerge.match.learn_loop import Interrupted, extension_chunk, scheduled_lr
 from symmerge.match.learn_report import time_line

@@ -14,18 +14,18 @@ from checks import assert_reported_gap, assert_same_function
 from factories import ARCHS, lm_batches, make_model, save_model
 from learned_common import CONTINUOUS, learned_align, logits_of, quick
 from symmerge import SymmergeError
-from symmerge import groups as G
-from symmerge.apply import StraightThrough, apply
-from symmerge.barrier_pair import highest_excess
-from symmerge.elements import random_element
-from symmerge.evaluation import StockForward
+from symmerge.algebra import groups as G
+from symmerge.algebra.apply import StraightThrough, apply
+from symmerge.algebra.elements import random_element
+from symmerge.evaluation.barrier_pair import highest_excess
+from symmerge.evaluation.forward import StockForward
 from symmerge.match.learn_config import LearnConfig, parse_lam_range
 from symmerge.match.learn_loop import Interrupted
-from symmerge.match.objectives import peak_lambda
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
+from symmerge.match.objectives import peak_lambda
 from symmerge.match.outputs import checkpoint_folder, output_report, save_outputs
-from symmerge.model import load_model
+from symmerge.store.model import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 

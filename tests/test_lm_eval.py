@@ -16,8 +16,8 @@ import torch
 import transformers as T
 
 from factories import make_model
-from symmerge.evaluation import evaluate
-from symmerge.tokenizers import char_tokenizer, encode
+from symmerge.data.tokenizers import char_tokenizer, encode
+from symmerge.evaluation.forward import evaluate
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[ecosystem]')")
 

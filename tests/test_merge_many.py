@@ -19,16 +19,16 @@ import transformers as T
 
 from checks import assert_same_function
 from factories import make_model, save_model
-from symmerge.apply import apply
-from symmerge.barrier_many import many_barrier
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.algebra.simplex import dirichlet
 from symmerge.cli import main
-from symmerge.data import load_batches
-from symmerge.elements import random_element
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.barrier_many import many_barrier
 from symmerge.match.many import objective, weight_match_many
-from symmerge.model import load_model
-from symmerge.model import save_model as save_canonical
-from symmerge.simplex import dirichlet
-from symmerge.train import TrainArgs, train
+from symmerge.store.model import load_model
+from symmerge.store.model import save_model as save_canonical
+from symmerge.training.trainer import TrainArgs, train
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -20,16 +20,16 @@ import torch
 
 from checks import assert_different_function, assert_same_function, stock, tolerance
 from factories import lm_batches, make_model, save_model
-from symmerge.apply import apply
-from symmerge.barrier_many import many_barrier
-from symmerge.elements import random_element
-from symmerge.evaluation import StockForward
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.evaluation.barrier_many import many_barrier
+from symmerge.evaluation.forward import StockForward
 from symmerge.match import registry
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learn_many import learn_many
 from symmerge.match.many import activation_match_many, average_loss
-from symmerge.model import load_model
-from symmerge.model import save_model as save_canonical
+from symmerge.store.model import load_model
+from symmerge.store.model import save_model as save_canonical
 from test_weight_matching import ACTIVATION, SUPPORTED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,7 +62,7 @@ class Planted:
 
     def __init__(self, arch: str, root):
         if arch == "vit":  # trained on digits: the random factory ViT's loss is flat under plain averaging
-            from symmerge.train import TrainArgs, train
+            from symmerge.training.trainer import TrainArgs, train
 
             a = root / "a"
             train(TrainArgs(arch="vit", preset="tiny", data="digits", seed=0, out=str(a), steps=60, lr=1e-2, progress=False))
@@ -75,7 +75,7 @@ class Planted:
             self.paths.append(save_canonical(model, apply(model.spec, g, model.params), root / f"g{s}a"))
         self.models = [load_model(p) for p in self.paths]
         if arch == "vit":
-            from symmerge.data import load_batches
+            from symmerge.data.batches import load_batches
 
             self.data = registry.Data(load_batches(a, "digits", "train", 8, None, 2),
                                       load_batches(a, "digits", "validation", 8, None, 2))
@@ -220,10 +220,10 @@ def test_activation_objective_never_decreases_and_is_the_average_loss(tmp_path):
 def test_cli_merge_by_every_data_method(planted, tmp_path, monkeypatch):
     """`merge --method activation|learned|dual --data`: OUT computes A's function (learned/dual with
     --steps 0), DIR/i its input's; the report says the gauge."""
-    import symmerge.data
+    import symmerge.data.batches
 
     p = planted("gpt2")
-    monkeypatch.setattr(symmerge.data, "load_batches", lambda *a, **k: p.data.train if a[2] == "train" else p.data.val)
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", lambda *a, **k: p.data.train if a[2] == "train" else p.data.val)
     x = _inputs(p.data.val[0])
     for method in ("activation", "learned", "dual"):
         out, al, rep = tmp_path / f"{method}-m", tmp_path / f"{method}-al", tmp_path / f"{method}.json"

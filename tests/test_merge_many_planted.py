@@ -21,8 +21,8 @@ from checks import assert_different_function, assert_same_function, gap, stock
 from factories import example_inputs, make_model, save_model
 from symmerge.cli import main
 from symmerge.match import many
-from symmerge.model import load_model
-from symmerge.model import save_model as save_canonical
+from symmerge.store.model import load_model
+from symmerge.store.model import save_model as save_canonical
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama", "vit"])

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from factories import make_model, save_model
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.match import many as many_mod
 from symmerge.match import registry
 from symmerge.match.many import ROUND_TOL, objective, weight_match_many
 from symmerge.match.options import ManyOptions
 from symmerge.match.part_cache import PartCache
-from symmerge.model import LazyModel, load_model
-from symmerge.parts import part_keys
+from symmerge.store.model import LazyModel, load_model
+from symmerge.store.parts import part_keys
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_merge_reuses_a_found_alignment(gpt2s, tmp_path, monkeypatch):
     """`merge_models(start=...)` with the method's own alignment matches nothing again and writes what it
     found; an alignment of other models is refused before any work."""
     from symmerge import SymmergeError
-    from symmerge.merge_many import merge_models
+    from symmerge.workflows.merge_many import merge_models
 
     paths = [m.path for m in gpt2s[:3]]
     lazy = [LazyModel(p) for p in paths]

@@ -15,11 +15,11 @@ import torch
 
 from checks import assert_different_function, assert_same_function, stock
 from factories import example_inputs, lm_batches
-from symmerge.apply import apply
-from symmerge.barrier_many import many_barrier
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.cli import main
-from symmerge.elements import random_element
-from symmerge.model import load_model, save_model
+from symmerge.evaluation.barrier_many import many_barrier
+from symmerge.store.model import load_model, save_model
 from test_expand_align import _wide_config
 from test_expand_align import planted as expand_planted  # noqa: F401 (a fixture)
 from test_merge_many_methods import own_labels
@@ -77,9 +77,9 @@ def test_barrier_of_mixed_widths(planted, tmp_path, monkeypatch):
                            progress=False)
     assert abs(aligned["average_excess"]) < 1e-5 and aligned["simplex_barrier"] < 1e-5
     # the CLI takes the mixed widths too
-    import symmerge.data
+    import symmerge.data.batches
 
-    monkeypatch.setattr(symmerge.data, "load_batches", lambda *a, **k: batches)
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", lambda *a, **k: batches)
     assert main(["barrier", *map(str, paths), "--data", "synthetic", "--simplex-points", "3", "--points", "2",
                  "--json", str(tmp_path / "b.json")]) == 0
     cli = json.loads((tmp_path / "b.json").read_text())

@@ -11,8 +11,8 @@ import yaml
 
 from factories import example_inputs, logits, make_model
 from symmerge.cli import main
-from symmerge.gauge import MERGEKIT_FILE, mergekit_config
-from symmerge.model import load_model, save_model
+from symmerge.store.gauge import MERGEKIT_FILE, mergekit_config
+from symmerge.store.model import load_model, save_model
 
 pytest.importorskip("mergekit", reason="mergekit is not installed (pip install -e '.[ecosystem]')")
 

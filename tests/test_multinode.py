@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+
 from dist_common import align, env, free_port, last_losses, outputs_rel, torchrun
 
 

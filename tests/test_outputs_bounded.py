@@ -25,7 +25,7 @@ from learned_common import char_pair
 from symmerge.match import learner as learner_module
 from symmerge.match.file_forward import FileForward
 from symmerge.match.outputs import PROBE_TOKENS, probe
-from symmerge.model import LazyModel, load_model
+from symmerge.store.model import LazyModel, load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 

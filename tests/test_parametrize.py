@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from symmerge import SymmergeError
-from symmerge import groups as G
+from symmerge.algebra import groups as G
 from symmerge.match.parametrize import ADMITS, greedy_signs, parametrization, resolve_methods
 
 GROUPS = {

@@ -17,12 +17,12 @@ from safetensors import safe_open
 from checks import assert_different_function, assert_same_function
 from factories import example_inputs, make_config, make_model, save_model, stock_logits
 from symmerge import SymmergeError
-from symmerge import groups as G
-from symmerge.apply import apply
+from symmerge.algebra import groups as G
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.cli import main
-from symmerge.elements import random_element
-from symmerge.expansion import plan
-from symmerge.model import load_model
+from symmerge.store.expansion import plan
+from symmerge.store.model import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,10 +17,10 @@ import torch
 
 from checks import assert_different_function, assert_same_function
 from factories import example_inputs, loaded_with_logits, make_model, save_model, stock_logits
-from symmerge import groups as G
-from symmerge.apply import apply
-from symmerge.elements import random_element
-from symmerge.model import load_model
+from symmerge.algebra import groups as G
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.store.model import load_model
 
 ROT = "residual.rotation"
 F32 = torch.float32  # OLMo-2's RMSNorm computes in float32

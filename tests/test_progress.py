@@ -1,4 +1,4 @@
-"""Progress bars (`symmerge.progress`): `TQDM_DISABLE` is honoured, and a stream that is not a terminal
+"""Progress bars (`symmerge.runtime.progress`): `TQDM_DISABLE` is honoured, and a stream that is not a terminal
 (a log file, a pipe) gets no bar unless `TQDM_DISABLE` is set false. Checked on a real command
 (`transform`, whose bar is "writing") with stderr replaced by a stream that says it is or is not a tty."""
 

@@ -18,10 +18,10 @@ import torch
 
 from checks import assert_different_function, assert_same_function
 from factories import example_inputs, loaded_with_logits, logits, save_model, stock_logits
-from symmerge import groups as G
-from symmerge.apply import apply
-from symmerge.elements import random_element
-from symmerge.model import load_model
+from symmerge.algebra import groups as G
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.store.model import load_model
 
 QK = "blocks.0.qk"
 

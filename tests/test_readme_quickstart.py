@@ -11,10 +11,9 @@ import shlex
 from pathlib import Path
 
 from factories import ARCHS, make_config
-
 from symmerge.adapters import adapter_for
+from symmerge.algebra.spec import build_spec
 from symmerge.cli import main
-from symmerge.spec import build_spec
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

@@ -15,10 +15,10 @@ import torch
 from factories import lm_batches
 from learned_common import CONTINUOUS, char_pair
 from symmerge import SymmergeError
-from symmerge.apply import apply
-from symmerge.data import load_batches
-from symmerge.elements import random_element
-from symmerge.evaluation import grid
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.forward import grid
 from symmerge.match import learner as learner_module
 from symmerge.match import lr_search
 from symmerge.match.learn_config import DEFAULT_LR, LearnConfig

@@ -10,13 +10,13 @@ import pytest
 from factories import ARCHS, make_config
 from symmerge import SymmergeError, __version__
 from symmerge.adapters import adapter_for
+from symmerge.algebra.spec import build_spec
 from symmerge.cli import build_parser
 from symmerge.commands.option_flags import option_fields, users
 from symmerge.match import options as opt
 from symmerge.match import registry
 from symmerge.match.learn_config import DEFAULT_LR, RECIPES, LearnConfig
-from symmerge.report import SCHEMA_VERSION, dumps, stamped
-from symmerge.spec import build_spec
+from symmerge.store.report import SCHEMA_VERSION, dumps, stamped
 
 
 def test_align_parser_defaults_are_the_options_defaults():

@@ -11,16 +11,16 @@ from checks import assert_different_function, assert_reported_gap, assert_same_f
 from factories import example_inputs, lm_batches, make_model, rel_distance, save_model
 from learned_common import plain_loss
 from symmerge import SymmergeError, cli
-from symmerge import groups as G
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra import groups as G
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.match.activation import activation_match
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
 from symmerge.match.outputs import output_report, save_outputs
 from symmerge.match.weight import weight_match
-from symmerge.model import load_model
+from symmerge.store.model import load_model
 
 PERMS_ONLY = ["residual_perm", "head_perm", "ffn_perm"]
 

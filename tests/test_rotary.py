@@ -1,4 +1,4 @@
-"""The rotary pairing (symmerge.rotary), both layouts, checked against the stock RoPE code of transformers.
+"""The rotary pairing (symmerge.algebra.rotary), both layouts, checked against the stock RoPE code of transformers.
 
 A QK map M is a symmetry exactly when it commutes with the rotation R_p of every position p: then
 (R_p M^T q) . (R_p' M^{-1} k) = q . (R_p^T R_p') k for all positions. The rotations R_p are built here
@@ -17,10 +17,10 @@ from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
 from transformers.models.llama.modeling_llama import rotate_half
 
 from symmerge import SymmergeError
-from symmerge import groups as G
+from symmerge.algebra import groups as G
+from symmerge.algebra.spec import build_spec
 from symmerge.match.parametrize import parametrization
 from symmerge.match.solvers import solve_map
-from symmerge.spec import build_spec
 
 LAYOUTS = ("half", "interleaved")
 N, R, POSITIONS = 6, 4, 16

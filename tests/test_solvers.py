@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from symmerge import groups as G
+from symmerge.algebra import groups as G
 from symmerge.match.solvers import balanced_lstsq, best_scale, linear_assignment, procrustes, solve_map
 
 

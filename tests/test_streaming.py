@@ -10,11 +10,11 @@ import transformers as T
 from safetensors.torch import load_file
 
 from factories import example_inputs, logits, make_model
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
 from symmerge.match.outputs import write_element
-from symmerge.model import LazyModel, load_model
-from symmerge.stream import write_streaming
+from symmerge.store.model import LazyModel, load_model
+from symmerge.store.stream import write_streaming
 
 
 def _all_tensors(folder):

@@ -81,8 +81,39 @@ def test_no_import_cycle():
     assert len(graph) > 50 and any(graph.values())  # the graph was read
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
     # negative control: the detector finds a planted loop (model imports spec; spec made to import model)
-    assert "symmerge.spec" in graph["symmerge.model"]
-    assert _cycle({**graph, "symmerge.spec": graph["symmerge.spec"] | {"symmerge.model"}}) is not None
+    assert "symmerge.algebra.spec" in graph["symmerge.store.model"]
+    spec = "symmerge.algebra.spec"
+    assert _cycle({**graph, spec: graph[spec] | {"symmerge.store.model"}}) is not None
+
+
+#: the layers, bottom first: a module imports only from lower layers and from its own package
+LAYERS = (("errors", "version"), ("runtime",), ("algebra",), ("adapters",), ("store",), ("data",), ("evaluation",),
+          ("match", "training"), ("workflows",), ("api",), ("commands",), ("cli",), ("__main__", ""))
+
+
+def _layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that point up or sideways: A -> B with B's layer above A's, or a different package of the same layer."""
+    rank = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+    def place(module: str) -> str:
+        return module.split(".")[1] if "." in module else ""
+
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                  if place(a) != place(b) and rank[place(b)] >= rank[place(a)])
+
+
+def test_imports_point_down_the_layers():
+    """runtime -> algebra -> adapters -> store -> data -> evaluation -> match | training -> workflows -> api ->
+    commands -> cli: every package of the tree has a layer, and no import climbs or crosses to a sibling."""
+    graph = _graph()
+    places = {m.split(".")[1] if "." in m else "" for m in graph}
+    assert places == {n for names in LAYERS for n in names}, places ^ {n for names in LAYERS for n in names}
+    assert not _layer_breaches(graph), _layer_breaches(graph)
+    # negative controls: the store importing a matcher climbs; a matcher importing training crosses
+    assert _layer_breaches({**graph, "symmerge.store.model": {"symmerge.match.weight"}}) == [
+        "symmerge.store.model -> symmerge.match.weight"]
+    assert _layer_breaches({"symmerge.match.weight": {"symmerge.training.trainer"}}) == [
+        "symmerge.match.weight -> symmerge.training.trainer"]
 
 
 def test_no_module_imports_the_package_root():
@@ -109,11 +140,11 @@ def test_no_matcher_imports_the_command_line():
 
 
 def test_the_barrier_library_loads_no_matcher():
-    code = ("import sys, symmerge.barrier_pair, symmerge.barrier_many\n"
+    code = ("import sys, symmerge.evaluation.barrier_pair, symmerge.evaluation.barrier_many\n"
             "print(sorted(m for m in sys.modules if m.startswith('symmerge.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = eval(out)  # a printed list of names
-    assert "symmerge.barrier_many" in loaded
+    assert "symmerge.evaluation.barrier_many" in loaded
     assert not [m for m in loaded if m.startswith(("symmerge.match", "symmerge.commands"))], loaded
 
 
@@ -146,7 +177,7 @@ def test_no_argparse_namespace_below_the_command_layer():
     """Only the command line (`cli.py`, `commands/`) and what it calls with its parsed flags
     (`distributed.idle`, `hub.resolve_args`, `devices.resolve`) take an `args` namespace; the library takes
     values and typed options (`DemoArgs`, `TrainArgs` are dataclasses, annotated)."""
-    allowed = {"symmerge.cli", "symmerge.distributed", "symmerge.hub", "symmerge.devices"}
+    allowed = {"symmerge.cli", "symmerge.runtime.distributed", "symmerge.store.hub", "symmerge.runtime.devices"}
     found = {_module(p): bare_args(p) for p in PACKAGE.rglob("*.py")
              if not _module(p).startswith("symmerge.commands") and _module(p) not in allowed}
     assert not {m: f for m, f in found.items() if f}, found
@@ -174,7 +205,7 @@ def test_no_submodule_shadows_a_library_export():
     import symmerge
 
     tops = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert {"api", "model", "match"} <= tops  # the tree was read
+    assert {"api", "store", "match"} <= tops  # the tree was read
     assert not tops & set(symmerge._API), tops & set(symmerge._API)
     assert (tops | {"merge"}) & set(symmerge._API) == {"merge"}  # negative control: a module merge.py is found
     names = sorted(t for t in tops if t not in ("__init__", "__main__"))

@@ -14,10 +14,10 @@ import torch
 
 from checks import NORM_IN_FP32, assert_same_function, gap
 from factories import ARCHS, example_inputs, logits, make_config, stock_logits
-from symmerge import groups as G
-from symmerge.apply import apply
-from symmerge.elements import compose, inverse, random_element
-from symmerge.model import export_state_dict, load_model
+from symmerge.algebra import groups as G
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import compose, inverse, random_element
+from symmerge.store.model import export_state_dict, load_model
 
 SEEDS = (0, 1, 2)
 
@@ -42,7 +42,7 @@ def families_of(arch: str) -> list[str]:
     """The symmetry families of a test architecture, read off its config alone."""
     from factories import make_config
     from symmerge.adapters import adapter_for
-    from symmerge.spec import build_spec
+    from symmerge.algebra.spec import build_spec
 
     config = make_config(arch)
     return build_spec(adapter_for(config).shape(config)).families()
@@ -128,7 +128,7 @@ def _self_inverse_transpose(arch: str, suffix: str) -> bool:
     """Whether layer 0's group `suffix` of `arch` has G = G^{-T} (signed permutations: clip_qkv, QK-norm signs):
     then reading as a writer is no mistake, and there is nothing to flip."""
     from symmerge.adapters import adapter_for
-    from symmerge.spec import build_spec
+    from symmerge.algebra.spec import build_spec
 
     config = make_config(arch)
     group = build_spec(adapter_for(config).shape(config)).groups.get(f"blocks.0{suffix}")

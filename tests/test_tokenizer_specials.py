@@ -1,7 +1,7 @@
 """The character tokenizer declares bos/eos (`<unk>`, already in its vocabulary) for tools that need a
 prefix token, without changing its vocabulary or how any text is encoded."""
 
-from symmerge.tokenizers import UNK, char_tokenizer, encode
+from symmerge.data.tokenizers import UNK, char_tokenizer, encode
 
 
 def test_char_tokenizer_declares_bos_eos_without_changing_ids():

@@ -14,10 +14,10 @@ from conftest import shared_data
 from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
-from symmerge.data import load_batches
-from symmerge.evaluation import evaluate
-from symmerge.presets import HF_CLASSES, PRESETS, get_preset, lm_config, vit_config
-from symmerge.train import TrainArgs, batch_indices, lr_at, train
+from symmerge.data.batches import load_batches
+from symmerge.evaluation.forward import evaluate
+from symmerge.training.presets import HF_CLASSES, PRESETS, get_preset, lm_config, vit_config
+from symmerge.training.trainer import TrainArgs, batch_indices, lr_at, train
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,14 @@ from checks import assert_different_function, assert_same_function, with_tensor_
 from factories import ARCHS, EXPERTS, example_inputs, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
-from symmerge.apply import apply
-from symmerge.compatible import check_compatible
-from symmerge.elements import inverse, random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import inverse, random_element
+from symmerge.algebra.shape import ModelShape
+from symmerge.algebra.spec import Action, Spec, build_spec
 from symmerge.match.summary import summarize
 from symmerge.match.weight import weight_match
-from symmerge.model import build_hf_model, export_state_dict, load_model
-from symmerge.shape import ModelShape
-from symmerge.spec import Action, Spec, build_spec
+from symmerge.store.compatible import check_compatible
+from symmerge.store.model import build_hf_model, export_state_dict, load_model
 
 FAMILY_SETS = {"all": None, "permutations": ["head_perm", "ffn_perm"], "residual": ["residual_rotation"]}
 

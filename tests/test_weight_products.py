@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from factories import rel_distance
-from symmerge.apply import apply
-from symmerge.elements import random_element
+from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import random_element
+from symmerge.algebra.spec import build_spec
 from symmerge.match.weight import weight_match
 from symmerge.match.weight_products import BF16, cross, mkl_available
-from symmerge.spec import build_spec
 from test_weight_matching import SYNTHETIC, synthetic_params
 
 

@@ -3,9 +3,9 @@
 import torch
 
 from factories import make_model, save_model
-from symmerge.elements import identity_element, random_element
+from symmerge.algebra.elements import identity_element, random_element
 from symmerge.match.weight_state import State
-from symmerge.model import load_model
+from symmerge.store.model import load_model
 
 
 def _invertible_groups(spec):

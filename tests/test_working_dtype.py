@@ -35,11 +35,11 @@ WEIGHT_ULPS = 16
 
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory):
-    from symmerge.apply import apply
-    from symmerge.elements import random_element
-    from symmerge.model import load_model
-    from symmerge.model import save_model as save_canonical
-    from symmerge.tokenizers import char_tokenizer
+    from symmerge.algebra.apply import apply
+    from symmerge.algebra.elements import random_element
+    from symmerge.data.tokenizers import char_tokenizer
+    from symmerge.store.model import load_model
+    from symmerge.store.model import save_model as save_canonical
 
     d = tmp_path_factory.mktemp("trio")
     tok = char_tokenizer(CHARS)
@@ -95,9 +95,9 @@ def _rel_weights(x, y) -> float:
 
 
 def _output_loss(folder, text) -> float:
-    from symmerge.data import load_batches
-    from symmerge.evaluation import StockForward
-    from symmerge.model import load_model
+    from symmerge.data.batches import load_batches
+    from symmerge.evaluation.forward import StockForward
+    from symmerge.store.model import load_model
 
     m = load_model(folder)
     return StockForward(m, torch.float64).mean_loss(m.params, load_batches(folder, str(text), "validation", 4, None, 1))

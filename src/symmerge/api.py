@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 
 from .match.options import ActivationOptions, DualOptions, LearnedOptions, ManyOptions, Options, WeightOptions
-from .results import Result
+from .store.results import Result
 
 __all__ = ["load", "align", "merge", "barrier", "interpolate", "expand", "transform", "evaluate", "Result",
            "Options", "WeightOptions", "ActivationOptions", "LearnedOptions", "DualOptions", "ManyOptions"]
@@ -28,7 +28,7 @@ __all__ = ["load", "align", "merge", "barrier", "interpolate", "expand", "transf
 
 def _path(model):
     """A checkpoint folder for a folder or a Hub id (a loaded model as it is)."""
-    from .hub import resolve
+    from .store.hub import resolve
 
     return resolve(model) if isinstance(model, (str, Path)) else model
 
@@ -38,7 +38,7 @@ def load(model, lazy: bool = False, dtype=None):
     in `dtype`, default float64) with `lazy`."""
     import torch
 
-    from .model import LazyModel, load_model
+    from .store.model import LazyModel, load_model
 
     model = _path(model)
     if not isinstance(model, (str, Path)):
@@ -56,7 +56,7 @@ def align(a, b, out=None, method: str = "weight", options: Options | dict | None
     (`pair.align_checkpoints`; None on the torchrun processes but the first). Without: the models (folders,
     ids or `Model`s) are aligned in memory and `result.models` holds each side re-parameterised.
     `groups`: families, None for every group, "default" for the spec's default; `out_dtype`: a torch dtype."""
-    from . import pair
+    from .workflows import pair
 
     a, b = _path(a), _path(b)
     if out is not None:
@@ -67,10 +67,11 @@ def align(a, b, out=None, method: str = "weight", options: Options | dict | None
 
 
 def _align_in_memory(a, b, method, options, groups, data, split, seq_len, device, dtype, report, progress) -> Result:
-    from . import devices, pair
-    from .apply import apply
-    from .checks import check_report_file
+    from .algebra.apply import apply
     from .match import registry
+    from .runtime import devices
+    from .runtime.checks import check_report_file
+    from .workflows import pair
 
     check_report_file(report, "report")
     matcher, opts = registry.get(method), registry.options_for(method, options)
@@ -102,13 +103,13 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
     `max_batches` are the training batches' (validation: `options.val_batches`). Learned and dual: `resume`
     continues an interrupted run of OUT; under torchrun every process takes its rows of each batch and the
     first writes OUT (the others return None)."""
-    from . import devices, distributed
-    from .checks import check_report_file
-    from .data import load_batches
+    from .algebra.simplex import check_weights
+    from .data.batches import load_batches
     from .errors import SymmergeError
     from .match import registry
-    from .merge_many import merge_models
-    from .simplex import check_weights
+    from .runtime import devices, distributed
+    from .runtime.checks import check_report_file
+    from .workflows.merge_many import merge_models
 
     paths = [_path(m) for m in models]
     check_report_file(report, "--json", [out, aligned])
@@ -150,11 +151,11 @@ def barrier(models: list, data, *, split: str = "test", batch_size: int = 8, max
     preparation, λ = 0 at the first), or the barrier of three or more (`barrier_many.many_barrier`:
     `weights` of the average, `simplex_points` Dirichlet points drawn from `seed`; `plot`: the triangle
     of three models). Models: folders, ids or `Model`s."""
-    from . import devices
-    from .checks import check_plot_file, check_report_file
-    from .data import load_batches
+    from .algebra.simplex import check_weights, parse_weights
+    from .data.batches import load_batches
     from .errors import SymmergeError
-    from .simplex import check_weights, parse_weights
+    from .runtime import devices
+    from .runtime.checks import check_plot_file, check_report_file
 
     if len(models) < 2:
         raise SymmergeError(f"a barrier needs at least two models, got {len(models)}")
@@ -172,11 +173,11 @@ def barrier(models: list, data, *, split: str = "test", batch_size: int = 8, max
     check_plot_file(plot, report)
     loaded = [load(m) for m in models]
     if len(models) > 2:
-        from .merge_many import check_models
+        from .workflows.merge_many import check_models
 
         loaded, _ = check_models(loaded, [str(p) for p in models])  # mixed widths: the widest
     else:
-        from .expansion import widest
+        from .store.expansion import widest
 
         loaded = list(widest(*loaded))  # mixed widths: the narrower expanded into the wider
     first = models[0] if isinstance(models[0], (str, Path)) else loaded[0].path
@@ -193,8 +194,8 @@ def barrier(models: list, data, *, split: str = "test", batch_size: int = 8, max
 
 
 def _line(names, models, batches, points, refine, place, where, plot, progress) -> dict:
-    from .barrier_pair import barrier as line
-    from .barrier_pair import plot as draw
+    from .evaluation.barrier_pair import barrier as line
+    from .evaluation.barrier_pair import plot as draw
 
     a, b = models
     dtype = place.working(a.dtype)
@@ -206,7 +207,7 @@ def _line(names, models, batches, points, refine, place, where, plot, progress) 
 
 
 def _simplex(names, models, batches, weights, points, simplex_points, seed, place, where, plot, progress) -> dict:
-    from .barrier_many import many_barrier, plot_triangle, triangle
+    from .evaluation.barrier_many import many_barrier, plot_triangle, triangle
 
     k = 16 if simplex_points is None else simplex_points
     dtype = place.working(models[0].dtype)
@@ -222,11 +223,11 @@ def _simplex(names, models, batches, weights, points, simplex_points, seed, plac
 def interpolate(a, b, lam: float, out, *, extrapolate: bool = False, force: bool = False, out_dtype=None) -> Result:
     """Write (1 − λ)·A + λ·B (canonical form; mixed widths expanded into the wider) as a stock checkpoint
     of A's class to OUT; λ outside [0, 1] only with `extrapolate`."""
-    from .compatible import check_lambda
-    from .evaluation import interpolate as mix
-    from .expansion import widest
-    from .io import prepare_output
-    from .model import load_model, save_model
+    from .evaluation.forward import interpolate as mix
+    from .store.compatible import check_lambda
+    from .store.expansion import widest
+    from .store.io import prepare_output
+    from .store.model import load_model, save_model
 
     a, b = _path(a), _path(b)
     check_lambda(lam, extrapolate)
@@ -240,7 +241,7 @@ def interpolate(a, b, lam: float, out, *, extrapolate: bool = False, force: bool
 def expand(narrow, like, out, *, force: bool = False, out_dtype=None, progress: bool = False) -> Result:
     """Write NARROW in the config of `like` (a wider checkpoint; only its config.json is read), computing
     NARROW's function (`expansion.expand_checkpoint`). The report holds both shapes and the scales used."""
-    from .expansion import expand_checkpoint
+    from .store.expansion import expand_checkpoint
 
     narrow, like = _path(narrow), _path(like)
     written, e = expand_checkpoint(narrow, like, out, force=force, progress=progress, dtype=out_dtype)
@@ -255,11 +256,11 @@ def transform(model, out, seed: int = 0, groups: list[str] | None = None, spread
     scales and singular values in [1/spread, spread]: the same function in other coordinates."""
     import torch
 
-    from .apply import apply
-    from .elements import random_element
-    from .io import prepare_output
-    from .model import LazyModel
-    from .stream import write_streaming
+    from .algebra.apply import apply
+    from .algebra.elements import random_element
+    from .store.io import prepare_output
+    from .store.model import LazyModel
+    from .store.stream import write_streaming
 
     model = _path(model)
     prepare_output(out, force, [model])  # fail before any work
@@ -280,13 +281,13 @@ def evaluate(model, data, *, split: str = "test", batch_size: int = 8, max_batch
     `result.notes["unit"]`: "token" or "image"."""
     import math
 
-    from . import devices
-    from .checks import check_report_file
-    from .data import is_vision, load_batches
+    from .data.batches import is_vision, load_batches
     from .errors import SymmergeError
-    from .evaluation import evaluate as scores
-    from .io import Checkpoint, load_config
-    from .model import hf_class, runs_in
+    from .evaluation.forward import evaluate as scores
+    from .runtime import devices
+    from .runtime.checks import check_report_file
+    from .store.io import Checkpoint, load_config
+    from .store.model import hf_class, runs_in
 
     model = _path(model)
     place = devices.placement(device, dtype)

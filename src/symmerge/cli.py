@@ -14,8 +14,9 @@ import threading
 
 from safetensors import SafetensorError
 
-from . import distributed, hub, provenance
 from .errors import SymmergeError
+from .runtime import distributed
+from .store import hub, provenance
 from .version import __version__
 
 #: modules under symmerge.commands, each with register(subparsers)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"symmerge {args.command}: error: {e}", file=sys.stderr)
         return 1
     finally:  # a signal can land between a write's steps; its temporary folder goes all the same
-        io = sys.modules.get("symmerge.io")
+        io = sys.modules.get("symmerge.store.io")
         if io is not None:
             io.remove_pending()
         distributed.close()

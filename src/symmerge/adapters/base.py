@@ -25,9 +25,9 @@ from typing import Callable
 
 import torch
 
-from ..canonical import fold_norm, mean_free, merge_o, merge_q, split_kv, split_o, split_q
+from ..algebra.canonical import fold_norm, mean_free, merge_o, merge_q, split_kv, split_o, split_q
+from ..algebra.shape import ModelShape
 from ..errors import SymmergeError
-from ..shape import ModelShape
 
 #: get(name) -> float64 tensor (error if missing); get(name, None) -> None if missing
 Getter = Callable[..., torch.Tensor]
@@ -171,7 +171,7 @@ class Adapter:
     def saved(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`sd` under the names stock `save_pretrained` writes (`save_renames`), fused expert tensors split
         into their experts' parts (`expert_parts`)."""
-        from ..stored import split_experts
+        from .stored import split_experts
 
         out = {}
         for key, t in split_experts(self, sd).items():

@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from ..shape import ModelShape
+from ..algebra.shape import ModelShape
 from .base import HookPoints, require
 from .llama import DECODER_HOOKS, LlamaAdapter
 from .qwen3 import Qwen3Adapter

@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from ..shape import ModelShape
+from ..algebra.shape import ModelShape
 from .base import HookPoints, final_norm_to_canonical
 from .llama import (
     LlamaAdapter,

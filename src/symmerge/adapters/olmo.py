@@ -9,7 +9,7 @@ v are clamped elementwise: only signed permutations of the head dimensions commu
 
 from __future__ import annotations
 
-from ..shape import ModelShape
+from ..algebra.shape import ModelShape
 from .base import Adapter, make_mean_free
 from .llama import DECODER_HOOKS, _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
 

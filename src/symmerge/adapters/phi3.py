@@ -20,7 +20,7 @@ import re
 
 import torch
 
-from ..shape import ModelShape
+from ..algebra.shape import ModelShape
 from .llama import LlamaAdapter
 
 _QKV = re.compile(r"^(?P<p>.+\.self_attn)\.(?P<n>[qkv])_proj\.(?P<t>weight|bias)$")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..canonical import fold_norm
-from ..shape import ModelShape
+from ..algebra.canonical import fold_norm
+from ..algebra.shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,

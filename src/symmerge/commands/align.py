@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import MISSING
 
-from .. import devices
+from ..algebra.spec import FAMILIES
 from ..match import registry
 from ..match.options import PAIR_RECIPE
-from ..spec import FAMILIES
+from ..runtime import devices
 from . import out_dtype
 from .help_sections import DATA, DEVICE, LEARNED, MATCHING, Sections, output_section, section_of
 from .option_flags import add_option, help_of, option_fields, options_of
@@ -31,7 +31,7 @@ def register(sub) -> None:
     how.add_argument("--groups", default=None,
                      help=f"comma-separated families, or 'all' (default: all but residual_scale). Families: {','.join(FAMILIES)}")
     data = sections.get(DATA)
-    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data)")
+    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data.batches)")
     data.add_argument("--split", default="train", help="activation matching's split (learned/dual: train and validation)")
     data.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's context)")
     for name in option_fields():

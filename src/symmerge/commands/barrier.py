@@ -6,8 +6,8 @@ largest excess at Dirichlet points of the simplex; `--plot` draws the loss over 
 
 from __future__ import annotations
 
-from .. import devices
-from ..values import at_least, seed
+from ..runtime import devices
+from ..runtime.values import at_least, seed
 
 
 def add_data_args(p, split_default: str = "test") -> None:

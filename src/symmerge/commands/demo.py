@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from .. import devices
-from ..values import at_least, seed
+from ..runtime import devices
+from ..runtime.values import at_least, seed
 
 
 def register(sub) -> None:
-    from ..match.registry import COMPARED as METHODS  # not symmerge.demo (training, plotting) just to parse
+    from ..match.registry import COMPARED as METHODS  # not symmerge.workflows.demo (training, plotting) just to parse
 
     p = sub.add_parser("demo", help="train two models from two seeds and compare the barriers of every method")
     p.add_argument("-o", "--out", default="symmerge-demo", help="folder for the pair, the report and the plot")
@@ -27,8 +27,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..demo import DemoArgs, format_table, run_demo
     from ..errors import SymmergeError
+    from ..workflows.demo import DemoArgs, format_table, run_demo
 
     place = devices.resolve(args)
     try:
@@ -51,9 +51,9 @@ def run(args) -> int:
 def check_inputs(out: str, data: str) -> None:
     """Refuse, before OUT is created, an OUT that cannot be written and data that cannot be read (a
     finished pair in OUT is reused, so a non-empty OUT is `run_demo`'s to judge)."""
-    from ..data import read_text
-    from ..images import load_images
-    from ..io import prepare_output
+    from ..data.batches import read_text
+    from ..data.images import load_images
+    from ..store.io import prepare_output
 
     prepare_output(out, force=True)
     if data.endswith(".txt"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import devices
-from ..values import at_least
+from ..runtime import devices
+from ..runtime.values import at_least
 
 
 def register(sub) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..report import describe, dumps
+from ..store.report import describe, dumps
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..model import LazyModel
+    from ..store.model import LazyModel
 
     info = describe(LazyModel(args.model))
     if args.json:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..values import finite_float
+from ..runtime.values import finite_float
 from . import out_dtype
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .. import devices
+from ..algebra.spec import FAMILIES
 from ..match import registry
 from ..match.options import MANY_RECIPE, ManyOptions
-from ..spec import FAMILIES
-from ..values import at_least
+from ..runtime import devices
+from ..runtime.values import at_least
 from . import out_dtype
 from .help_sections import DATA, DEVICE, LEARNED, MATCHING, ROUNDS, Sections, output_section
 from .option_flags import add_option, help_of, options_of
@@ -43,7 +43,7 @@ def register(sub) -> None:
         if name not in MANY_LEARN_OPTIONS:
             add_option(rounds, name, help_of(name, ManyOptions), cls=ManyOptions)
     data = sections.get(DATA)
-    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data); "
+    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data.batches); "
                       "train split, learned/dual validate on validation")
     data.add_argument("--batch-size", type=at_least(1), default=8, help="sequences (images) per batch")
     data.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per sequence (default: context)")
@@ -62,8 +62,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..algebra.simplex import parse_weights
     from ..api import merge
-    from ..simplex import parse_weights
 
     groups = "default" if args.groups is None else parse_groups(args.groups)
     result = merge(args.models, args.out, args.method, options_of(args, args.method), ManyOptions.of(vars(args)),

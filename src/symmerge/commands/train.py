@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import devices
-from ..presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
-from ..values import at_least, positive_float, seed
+from ..runtime import devices
+from ..runtime.values import at_least, positive_float, seed
+from ..training.presets import ARCHS, NEOX_FIELDS, SHAPE_FIELDS
 
 
 def _on_off(text: str) -> bool:
@@ -47,7 +47,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from ..train import TrainArgs, train
+    from ..training.trainer import TrainArgs, train
 
     place = devices.resolve(args)
     if args.threads:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..spec import FAMILIES
-from ..values import at_least, seed
+from ..algebra.spec import FAMILIES
+from ..runtime.values import at_least, seed
 from . import out_dtype
 
 

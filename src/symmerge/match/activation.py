@@ -39,11 +39,11 @@ import time
 
 import torch
 
-from .. import groups as G
+from ..algebra import groups as G
+from ..algebra.spec import ROTATION
 from ..errors import SymmergeError
-from ..evaluation import model_inputs
-from ..model import Model, build_hf_model, export_state_dict
-from ..spec import ROTATION
+from ..evaluation.forward import model_inputs
+from ..store.model import Model, build_hf_model, export_state_dict
 from .costs import touching
 from .solvers import best_rotation, linear_assignment, solve_map
 from .weight import MatchResult

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import groups as G
+from ..algebra import groups as G
 
 
 class FfnMoments:

@@ -36,12 +36,12 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .. import groups as G
-from ..apply import apply
+from ..algebra import groups as G
+from ..algebra.apply import apply
+from ..algebra.spec import ROTATION, SCALE
 from ..errors import SymmergeError
-from ..evaluation import model_inputs
-from ..model import as_parts
-from ..spec import ROTATION, SCALE
+from ..evaluation.forward import model_inputs
+from ..store.model import as_parts
 from .activation import ffn_step, head_maps, head_perms, hook_stream, in_a_order, map_sides, side_data, writer_scale
 from .activation_stats import FfnMoments, sides_factor
 from .blockwise import weightless
@@ -71,7 +71,7 @@ class Runner:
     def __init__(self, source, dtype: torch.dtype, device=None):
         from types import SimpleNamespace
 
-        from ..stream import _bias_probe
+        from ..store.stream import _bias_probe
 
         self.parts = as_parts(source)
         self.adapter, self.shape, self.dtype = source.adapter, source.shape, dtype
@@ -168,7 +168,7 @@ def activation_match_streaming(a, b, batches: list[dict], families: list[str] | 
     16-bit activations summed in `dtype`); `device`: where the forward runs and the statistics are summed
     (default: the CPU; the groups are solved on the CPU). Batches are taken in order until `max_tokens`
     tokens are reached."""
-    from ..progress import tqdm
+    from ..runtime.progress import tqdm
 
     start = time.perf_counter()
     ra, rb = Runner(a, forward or dtype, device), Runner(b, forward or dtype, device)

@@ -40,9 +40,9 @@ from torch.func import functional_call
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import SymmergeError
-from ..evaluation import model_inputs
-from ..model import default_dtype, hf_class, runs_in
-from ..parts import Params, part_of
+from ..evaluation.forward import model_inputs
+from ..store.model import default_dtype, hf_class, runs_in
+from ..store.parts import Params, part_of
 from .frozen import Frozen
 from .heap import large_frees_to_the_os
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import Action, Spec
+from ..algebra.spec import Action, Spec
 from .weight_products import EXACT, cross, operand
 
 

@@ -23,10 +23,10 @@ from torch import nn
 from torch.func import functional_call
 
 from ..adapters import adapter_for
+from ..adapters.stored import StoredNames
 from ..errors import SymmergeError
-from ..evaluation import model_inputs
-from ..io import Checkpoint
-from ..stored import StoredNames
+from ..evaluation.forward import model_inputs
+from ..store.io import Checkpoint
 from .blockwise import StandIn, weightless
 
 Params = dict[str, torch.Tensor]

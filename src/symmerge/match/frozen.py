@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from ..model import as_parts, in_memory
-from ..parts import Params, Parts, part_keys
+from ..store.model import as_parts, in_memory
+from ..store.parts import Params, Parts, part_keys
 from .heap import large_frees_to_the_os
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..errors import SymmergeError
-from ..evaluation import grid
+from ..evaluation.forward import grid
 from .blockwise import RECOMPUTE
 
 METHODS = ("learned", "dual")
@@ -155,7 +155,7 @@ class LearnConfig:
     val_batches: int | str | None = _FULL["val_batches"]  # "auto": sized for VAL_SE; None: all given
     anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
     dtype: str = "float32"  # of the HF forward (a DTYPES key); group algebra is always float64
-    device: str = "cpu"  # where the forward runs: "cpu", "cuda" or "cuda:N" (checked by symmerge.devices)
+    device: str = "cpu"  # where the forward runs: "cpu", "cuda" or "cuda:N" (checked by symmerge.runtime.devices)
     recompute: str = "block"  # what the backward recomputes per block (blockwise.RECOMPUTE); never changes a result
     checkpoint_every: int = 50
     progress: bool = True

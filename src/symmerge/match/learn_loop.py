@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import distributed
 from ..errors import SymmergeError
-from ..progress import tqdm
+from ..runtime import distributed
+from ..runtime.progress import tqdm
 from .learn_config import FLAT
 from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
 from .learner import Learner

@@ -34,12 +34,12 @@ from dataclasses import replace
 
 import torch
 
-from .. import distributed
-from .. import groups as G
-from ..apply import StraightThrough, apply
-from ..elements import compose, identity_element
+from ..algebra import groups as G
+from ..algebra.apply import StraightThrough, apply
+from ..algebra.elements import compose, identity_element
+from ..algebra.spec import SCALE, Spec
 from ..errors import SymmergeError
-from ..spec import SCALE, Spec
+from ..runtime import distributed
 from .blockwise import BlockwiseForward, PartFn
 from .frozen import Frozen, fill
 from .learn_config import DTYPES, LearnConfig

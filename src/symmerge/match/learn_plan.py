@@ -17,9 +17,9 @@ import math
 import time
 from dataclasses import replace
 
-from ..barrier_pair import above_line
-from ..evaluation import grid, mean_se
-from ..progress import tqdm
+from ..evaluation.barrier_pair import above_line
+from ..evaluation.forward import grid, mean_se
+from ..runtime.progress import tqdm
 from .learn_config import VAL_SE, LearnConfig
 
 #: validation batches whose spread estimates the standard error for "auto" (the first ones given)

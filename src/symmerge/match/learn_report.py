@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..evaluation import mean_se
+from ..evaluation.forward import mean_se
 from .learn_config import FLAT
 from .learn_plan import batch_excess
 

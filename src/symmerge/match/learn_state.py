@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..atomic import write_file
 from ..errors import SymmergeError
+from ..runtime.atomic import write_file
 
 FORMAT = 1
 TENSORS, META = "state.safetensors", "state.json"

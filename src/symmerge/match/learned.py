@@ -43,9 +43,9 @@ checkpoint files); this module holds `learn`, which joins them.
 
 from __future__ import annotations
 
-from .. import distributed
 from ..errors import SymmergeError
-from ..model import Model
+from ..runtime import distributed
+from ..store.model import Model
 from .heap import release_freed_heap
 from .learn_config import LearnConfig
 from .learn_loop import Result, Run

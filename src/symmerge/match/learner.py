@@ -10,13 +10,13 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from .. import groups as G
-from ..apply import Prepared, StraightThrough, apply
-from ..compatible import check_compatible
-from ..elements import compose, identity_element
+from ..algebra import groups as G
+from ..algebra.apply import Prepared, StraightThrough, apply
+from ..algebra.elements import compose, identity_element
+from ..algebra.spec import SCALE, Spec
 from ..errors import SymmergeError
-from ..parts import part_keys, part_of
-from ..spec import SCALE, Spec
+from ..store.compatible import check_compatible
+from ..store.parts import part_keys, part_of
 from .blockwise import BlockwiseForward, PartFn
 from .frozen import fill
 from .learn_config import DTYPES, LearnConfig

@@ -38,9 +38,9 @@ from dataclasses import replace
 
 import torch
 
-from ..barrier_pair import highest_excess
 from ..errors import SymmergeError
-from ..evaluation import grid
+from ..evaluation.barrier_pair import highest_excess
+from ..evaluation.forward import grid
 from .learn_config import DEFAULT_LR, LR_FACTORS, LearnConfig
 from .objectives import finite_or_none
 

@@ -59,12 +59,12 @@ from typing import Callable
 
 import torch
 
-from .. import groups as G
-from ..apply import apply
-from ..model import as_parts, in_memory
-from ..parts import Parts, part_keys
-from ..spec import Spec
-from ..threads import one_thread
+from ..algebra import groups as G
+from ..algebra.apply import apply
+from ..algebra.spec import Spec
+from ..runtime.threads import one_thread
+from ..store.model import as_parts, in_memory
+from ..store.parts import Parts, part_keys
 from .part_cache import PartCache
 from .residual import sqdist, sqnorm
 from .weight import weight_match
@@ -152,7 +152,7 @@ def rounds(n: int, value_of: Callable[[list[dict]], float], match: Callable, ide
     the matcher takes a start (None: from the identity); `value_of(elements)` is the objective (higher is
     better), recomputed over every model where a later round's `Step` has no exact gain. A new element is
     kept only if the objective does not decrease, so the history never decreases."""
-    from ..progress import tqdm
+    from ..runtime.progress import tqdm
 
     start = time.perf_counter()
     elements = [dict(identity) for _ in range(n)]
@@ -302,7 +302,7 @@ def weight_match_many(spec: Spec, sources: list, weights: list[float], families:
 
 def mean_model(models: list, elements: list[dict], weights: list[float], keep: list[int]):
     """The weighted mean of `g_j·P_j` over `keep` as an in-memory `Model` of the first model's kind."""
-    from ..model import Model
+    from ..store.model import Model
 
     m0 = models[0]
     mean = MeanParts(m0.spec, [as_parts(m) for m in models], elements, weights, keep)
@@ -312,7 +312,7 @@ def mean_model(models: list, elements: list[dict], weights: list[float], keep: l
 
 def average_loss(models: list, elements: list[dict], weights: list[float], batches: list[dict], forward=None) -> float:
     """The stock HF loss of the weighted average of `g_i·P_i` on `batches` (mean over batches)."""
-    from ..evaluation import StockForward
+    from ..evaluation.forward import StockForward
 
     forward = forward or StockForward(models[0], torch.float64)
     mean = mean_model(models, elements, weights, list(range(len(models))))
@@ -328,7 +328,7 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
     the stock HF loss of the weighted average on `batches` (the data the activations are taken on): higher
     is better, never decreasing. `device`, `dtype`: where the forwards (matching's and the objective's) run
     and their working precision (default: the CPU, float64); the statistics are summed in float64."""
-    from ..evaluation import StockForward
+    from ..evaluation.forward import StockForward
     from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)

@@ -19,10 +19,10 @@ import math
 
 import torch
 
-from ..barrier_pair import above_line, highest_excess, line_barrier
+from ..algebra.simplex import dirichlet
 from ..errors import SymmergeError
-from ..evaluation import grid
-from ..simplex import dirichlet
+from ..evaluation.barrier_pair import above_line, highest_excess, line_barrier
+from ..evaluation.forward import grid
 from .learn_config import LearnConfig
 
 

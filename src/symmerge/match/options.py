@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import ClassVar
 
 from ..errors import SymmergeError
-from ..values import argument_type, at_least, seed
+from ..runtime.values import argument_type, at_least, seed
 from .blockwise import RECOMPUTE
 from .learn_config import (
     BATCH_TOKENS,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from ..apply import apply
+from ..algebra.apply import apply
 from ..errors import SymmergeError
-from ..evaluation import max_abs_diff
-from ..io import AtomicFolder, prepare_output
-from ..model import Model, in_memory, save_model
-from ..threads import one_thread
+from ..evaluation.forward import max_abs_diff
+from ..runtime.threads import one_thread
+from ..store.io import AtomicFolder, prepare_output
+from ..store.model import Model, in_memory, save_model
 from .file_forward import FileForward
 from .learn_loop import Result
 
@@ -30,7 +30,7 @@ def write_element(model, g: dict, out, force: bool = False, extra: dict | None =
             params = apply(model.spec, g, model.params)
             save_model(model, params, out, force=force, extra=extra, gauge=gauge, side=side, dtype=dtype)
         return
-    from ..stream import write_streaming
+    from ..store.stream import write_streaming
 
     write_streaming(model, lambda part: apply(model.spec, g, part), out, force=force, dtype=dtype,
                     extra=extra, progress=False, gauge=gauge, side=side)
@@ -43,8 +43,8 @@ def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> 
     written in the norm gauge of the stock A (`gauge.py`), so that a plain average of A and OUT (learned) or of
     OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that midpoint lies beside
     (OUT/mergekit.yml). `dtype`: of the outputs (default: each input's)."""
-    from ..gauge import mergekit_base, side_files
-    from ..model import reference_gauge
+    from ..store.gauge import mergekit_base, side_files
+    from ..store.model import reference_gauge
 
     meta = {"align": {"a": str(a.path), "b": str(b.path), **{k: v for k, v in result.report.items() if k != "history"}}}
     out = prepare_output(out, force)

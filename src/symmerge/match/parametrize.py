@@ -33,7 +33,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from .. import groups as G
+from ..algebra import groups as G
 from ..errors import SymmergeError
 
 METHODS = ("cayley", "cayley-signs", "expm", "polar", "direct")

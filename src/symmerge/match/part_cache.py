@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..parts import Parts
+from ..store.parts import Parts
 
 
 class PartCache(Parts):

@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from .. import groups as G
-from ..spec import ROTATION, SCALE, Spec
+from ..algebra import groups as G
+from ..algebra.spec import ROTATION, SCALE, Spec
 from .costs import along
 from .solvers import best_rotation
 from .weight_products import EXACT, Products, cross

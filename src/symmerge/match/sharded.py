@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import distributed
-from ..parts import Parts, part_keys
+from ..runtime import distributed
+from ..store.parts import Parts, part_keys
 from .frozen import Frozen, reader_of
 from .heap import large_frees_to_the_os
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones
+from ..algebra.groups import DTYPE, ones_complement_basis, orthogonal_fixing_ones
 from . import near_ties
 from .weight_products import on_device
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import Spec
+from ..algebra.spec import Spec
 
 
 def describe_element(group, x: torch.Tensor) -> dict:

@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import groups as G
-from ..spec import Spec
-from ..threads import one_thread
+from ..algebra import groups as G
+from ..algebra.spec import Spec
+from ..runtime.threads import one_thread
 from . import near_ties
 from .residual import ROTATION, SCALE
 from .weight_stream import StreamRun, sources
@@ -114,8 +114,8 @@ def weight_match(spec: Spec, A, B, families: list[str] | None = None, max_iters:
 
 def _weight_match(spec, A, B, families, max_iters, tol, g0, progress, dtype, products, device, min_gain,
                   workers) -> MatchResult:
-    from ..parts import part_keys
-    from ..progress import tqdm
+    from ..runtime.progress import tqdm
+    from ..store.parts import part_keys
 
     start = time.perf_counter()
     src_a, src_b = sources(A, B, dtype)

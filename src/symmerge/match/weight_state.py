@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from ..apply import apply
-from ..spec import Spec
+from ..algebra.apply import apply
+from ..algebra.spec import Spec
 from . import near_ties
 from .residual import sqdist, sqnorm
 

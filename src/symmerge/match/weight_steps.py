@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from .. import groups as G
-from ..elements import reindex, unindex
-from ..spec import Spec
+from ..algebra import groups as G
+from ..algebra.elements import reindex, unindex
+from ..algebra.spec import Spec
 from . import costs
 from .solvers import assignment_minimising, best_scale, linear_assignment, minimising_costs, solve_map
 from .weight_products import cross, operand

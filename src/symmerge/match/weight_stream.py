@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .. import groups as G
-from ..apply import apply
-from ..spec import Spec
+from ..algebra import groups as G
+from ..algebra.apply import apply
+from ..algebra.spec import Spec
 from .residual import ROTATION, SCALE, ResidualFit
 from .timer import Timer
 from .weight_products import Products
@@ -30,7 +30,7 @@ from .weight_steps import descend
 
 def sources(A, B, dtype):
     """A and B served part by part (`model.as_parts`: one in memory through a view in `dtype`)."""
-    from ..model import as_parts
+    from ..store.model import as_parts
 
     return as_parts(A, dtype), as_parts(B, dtype)
 
@@ -69,14 +69,14 @@ class StreamRun:
 
     def _fixed_parts(self) -> set:
         """The parts no chosen group but the residual ones acts on (their statistics never change)."""
-        from ..parts import part_keys, part_of
+        from ..store.parts import part_keys, part_of
 
         moving = {part_of(name) for name, acts in self.spec.actions.items()
                   if any(a.group in self.chosen and a.group not in self.res_groups for a in acts)}
         return {key for key in part_keys(self.spec.shape) if key not in moving}
 
     def _read(self, key):
-        from ..compatible import check_same_tensors
+        from ..store.compatible import check_same_tensors
 
         with self.timer("reading"):
             pa, pb = self.src_a.part(key), self.src_b.part(key)

@@ -1,0 +1,1 @@
+"""The symmetry group: architectures' shapes, group kinds and specs, canonical form, group action."""

@@ -1,0 +1,1 @@
+"""Evaluation and training data: text and image batches for the stock forward."""

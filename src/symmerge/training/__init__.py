@@ -1,0 +1,1 @@
+"""Training small stock models from scratch."""

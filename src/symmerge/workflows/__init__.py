@@ -1,0 +1,1 @@
+"""Whole operations over checkpoints: align a pair, merge many, the demo."""
