@@ -29,9 +29,13 @@ import torch
 from ..errors import SymmergeError
 from ..runtime import distributed
 from ..runtime.progress import tqdm
+from ..store.optim_state import optimizer_tensors, restore_optimizer
 from .learn_config import FLAT
-from .learn_state import adam_tensors, check_settings, load_state, restore_adam, save_state
+from .learn_state import check_settings, load_state, save_state
 from .learner import Learner
+
+#: the prefix of Adam's state in a checkpoint's tensors
+ADAM = "adam."
 
 
 class Interrupted(KeyboardInterrupt):
@@ -98,7 +102,7 @@ class Run:
         out.update({f"best.{k}": v for k, v in self.best.items()})
         out.update({f"fixed.{s.key}.{k}": v for s in self.learner.slots for k, v in s.fixed.items()})
         out.update({f"init.{k}": v for k, v in self.learner.start_tensors().items()})
-        out.update(adam_tensors(self.opt, self.names))
+        out.update(optimizer_tensors(self.opt, self.names, ADAM))
         return out
 
     def save(self) -> None:
@@ -123,7 +127,7 @@ class Run:
             for k in s.fixed:
                 s.fixed[k] = tensors[f"fixed.{s.key}.{k}"]
         self.best = {k: tensors[f"best.{k}"] for k in self.names}
-        restore_adam(self.opt, self.names, tensors)
+        restore_optimizer(self.opt, self.names, tensors, ADAM)
         self.meta = {k: meta.get(k, v) for k, v in self.meta.items()}
 
     # --- evaluation ---

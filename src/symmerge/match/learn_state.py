@@ -51,25 +51,6 @@ def check_settings(saved: dict, current: dict, folder) -> None:
                             "resume with the same settings or start a new run")
 
 
-def adam_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    """Adam's per-parameter state under the parameters' names."""
-    params = opt.param_groups[0]["params"]
-    out = {}
-    for name, p in zip(names, params):
-        for k, v in opt.state.get(p, {}).items():
-            out[f"adam.{name}.{k}"] = v
-    return out
-
-
-def restore_adam(opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
-    params = opt.param_groups[0]["params"]
-    for name, p in zip(names, params):
-        state = {k.rsplit(".", 1)[1]: v.clone() for k, v in tensors.items() if k.startswith(f"adam.{name}.")
-                 and k.count(".") == name.count(".") + 2}
-        if state:
-            opt.state[p] = state
-
-
 PLAN = "plan.json"
 
 

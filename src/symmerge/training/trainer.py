@@ -41,6 +41,7 @@ from ..errors import SymmergeError
 from ..evaluation.forward import model_inputs
 from ..runtime.devices import DTYPES, autocast
 from ..store.io import AtomicFolder, clean_stale, prepare_output
+from ..store.optim_state import optimizer_tensors, restore_optimizer
 from ..store.provenance import write_metadata
 from .presets import HF_CLASSES, Preset, get_preset, lm_config, reshaped, vit_config
 
@@ -142,16 +143,20 @@ def _optimizer(model, p: Preset, lr: float):
     return torch.optim.AdamW(groups, lr=lr, betas=p.betas, foreach=False)
 
 
+def _indices(opt) -> list[str]:
+    """The optimiser's parameters named by their place over all groups (`optim.safetensors`' keys `I.entry`)."""
+    return [str(i) for i in range(sum(len(g["params"]) for g in opt.param_groups))]
+
+
 def save_state(model, opt, step: int, info: dict, state_dir: Path, skeleton: Path) -> None:
     """Write the resumable state atomically (parameters, optimiser, RNG, JSON)."""
     with AtomicFolder(state_dir) as tmp:
         shutil.copytree(skeleton, tmp / SKELETON)
         save_file({k: v.detach().cpu().contiguous() for k, v in model.named_parameters()}, str(tmp / "params.safetensors"))
-        sd = opt.state_dict()
-        tensors = {f"{i}.{k}": v.cpu().contiguous() for i, st in sd["state"].items() for k, v in st.items()}
-        save_file(tensors, str(tmp / "optim.safetensors"))
+        tensors = optimizer_tensors(opt, _indices(opt))
+        save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(tmp / "optim.safetensors"))
         save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+        groups = opt.state_dict()["param_groups"]
         (tmp / "state.json").write_text(json.dumps(info | {"step": step, "param_groups": groups}, indent=1))
 
 
@@ -161,12 +166,9 @@ def load_state(model, opt, state_dir: Path) -> dict:
     with torch.no_grad():
         for k, v in model.named_parameters():
             v.copy_(params[k])
-    tensors = load_file(str(state_dir / "optim.safetensors"))
-    state: dict[int, dict] = {}
-    for key, t in tensors.items():
-        i, name = key.split(".", 1)
-        state.setdefault(int(i), {})[name] = t
-    opt.load_state_dict({"state": state, "param_groups": info["param_groups"]})
+    restore_optimizer(opt, _indices(opt), load_file(str(state_dir / "optim.safetensors")))
+    for group, saved in zip(opt.param_groups, info["param_groups"], strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})
     torch.set_rng_state(load_file(str(state_dir / "rng.safetensors"))["cpu"])
     return info
 
