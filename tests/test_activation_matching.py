@@ -21,7 +21,7 @@ from symmerge.algebra.elements import random_element
 from symmerge.data.tokenizers import char_tokenizer
 from symmerge.match.activation import activation_match
 from symmerge.store.model import load_model
-from test_weight_matching import ACTIVATION, SUPPORTED
+from test_weight_matching import SUPPORTED
 
 
 def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
@@ -36,7 +36,7 @@ def batches(arch: str, n: int = 4, seed: int = 0) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("arch", ACTIVATION)
+@pytest.mark.parametrize("arch", SUPPORTED)
 def test_planted_recovery_from_activations(arch, tmp_path):
     A = load_model(save_model(make_model(arch, 0), tmp_path / "a"))
     B = load_model(tmp_path / "a")
@@ -68,7 +68,8 @@ def fake_data(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2") if a in SUPPORTED])
+@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2", "mixtral", "olmoe", "qwen3_moe")
+                                  if a in SUPPORTED])
 def test_cli_activation_align(tmp_path, fake_data, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert cli.main(["transform", str(a), "-o", str(tmp_path / "b"), "--seed", "6"]) == 0
@@ -139,15 +140,3 @@ def test_activation_refuses_an_adapter_without_hook_points(tmp_path, monkeypatch
     monkeypatch.setattr(A.adapter, "hooks", None)
     with pytest.raises(SymmergeError, match="no hook points for gpt2"):
         activation_match(A, A, batches("gpt2"))
-
-
-@pytest.mark.parametrize("arch", sorted(set(SUPPORTED) - set(ACTIVATION)))
-def test_activation_refuses_mixtures_of_experts(arch, tmp_path, fake_data, capsys):
-    """Experts have no one FFN hidden vector per layer: the library and the CLI refuse in one line, naming
-    the method that works, and write nothing."""
-    a, b = save_model(make_model(arch, 0), tmp_path / "a"), save_model(make_model(arch, 1), tmp_path / "b")
-    with pytest.raises(SymmergeError, match=f"no hook points for {arch}; use --method weight"):
-        activation_match(load_model(a), load_model(b), batches(arch))
-    code = cli.main(["align", str(a), str(b), "--method", "activation", "--data", "x", "--out", str(tmp_path / "o")])
-    assert code != 0 and "use --method weight" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()

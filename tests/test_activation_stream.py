@@ -18,7 +18,7 @@ from symmerge.match.activation_stream import activation_match_streaming
 from symmerge.store.model import LazyModel, load_model
 from symmerge.store.stream import write_streaming
 from test_activation_matching import batches
-from test_weight_matching import ACTIVATION, SUPPORTED
+from test_weight_matching import SUPPORTED
 
 
 def _agree(x: dict, y: dict) -> float:
@@ -37,7 +37,7 @@ def _pair(tmp_path, arch):
     return a, b
 
 
-@pytest.mark.parametrize("arch", ACTIVATION)
+@pytest.mark.parametrize("arch", SUPPORTED)
 def test_streaming_equals_in_memory(arch, tmp_path):
     """Two independent models: every element, the objective and the fit figures as the in-memory path's."""
     a, b = _pair(tmp_path, arch)

@@ -30,7 +30,7 @@ from symmerge.match.learn_many import learn_many
 from symmerge.match.many import activation_match_many, average_loss
 from symmerge.store.model import load_model
 from symmerge.store.model import save_model as save_canonical
-from test_weight_matching import ACTIVATION, SUPPORTED
+from test_weight_matching import SUPPORTED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -129,8 +129,7 @@ def _precision(hf) -> torch.dtype:
     return precision(hf)
 
 
-@pytest.mark.parametrize("arch,method", [(a, m) for a in SUPPORTED for m in METHODS
-                                         if m != "activation" or a in ACTIVATION])
+@pytest.mark.parametrize("arch,method", [(a, m) for a in SUPPORTED for m in METHODS])
 def test_planted_merge_gives_a_function(arch, method, planted):
     p = planted(arch)
     res = p.start if method == "weight" else registry.align_many(

@@ -15,7 +15,7 @@ import torch
 import transformers as T
 
 from checks import assert_different_function, assert_same_function, with_tensor_of
-from factories import ARCHS, EXPERTS, example_inputs, make_model, rel_distance, save_model
+from factories import ARCHS, example_inputs, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.algebra.apply import apply
@@ -35,7 +35,6 @@ def _hf_class(arch: str) -> str:
 
 
 SUPPORTED = [a for a in ARCHS if _hf_class(a) in ADAPTERS]
-ACTIVATION = [a for a in SUPPORTED if a not in EXPERTS]  # what activation matching accepts
 
 
 def _shape(arch, **kw) -> ModelShape:

@@ -46,6 +46,9 @@ class HookPoints:
     - `final_norm`: the norm the head reads (its output is a normalised stream too);
     - `ffn_hidden`: the module whose *input* is the FFN hidden vector (the down projection), its
       last axis the canonical `d_mlp` axis;
+    - `moe_input`: in a mixture of experts, the sparse block whose *input* `[batch, seq, d]` is the normalised
+      stream its router and experts read (None: a dense FFN; `ffn_hidden` is then not hooked: the experts'
+      units are computed from it, `match/activation_experts.py`);
     - `block`: layer i's block module, an entry of a module list (learned matching runs it on its own,
       `match/blockwise.py`): the parameters under it are exactly what `Adapter.block_from_canonical(.., i)`
       returns, and the top-level forward calls it once, reading nothing of its parameters itself;
@@ -61,12 +64,14 @@ class HookPoints:
     block: str | None = None
     attention: str | None = None
     reads_inputs: bool = False
+    moe_input: str | None = None
 
     def layer(self, i: int) -> HookPoints:
         """The names for layer i."""
         fmt = lambda n: None if n is None else n.format(i=i)  # noqa: E731
         return HookPoints(tuple(n.format(i=i) for n in self.norms), self.attn_norm.format(i=i), self.final_norm,
-                          self.ffn_hidden.format(i=i), fmt(self.block), fmt(self.attention), self.reads_inputs)
+                          self.ffn_hidden.format(i=i), fmt(self.block), fmt(self.attention), self.reads_inputs,
+                          fmt(self.moe_input))
 
 
 class Adapter:

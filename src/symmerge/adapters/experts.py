@@ -15,7 +15,7 @@ head as Qwen3's (Qwen3-MoE); the QK-norm restricts the QK maps exactly as in the
 (`spec_experts.py`): Llama's, with the FFN permutation and GLU scale batched over the experts, and an expert
 permutation per layer that moves each expert with its router row. Whether the top-k weights are renormalised
 (`norm_topk_prob`: Qwen3-MoE yes, OLMoE no) does not matter to it: both follow a relabelling. Activation matching
-is refused (no hidden vector per expert to hook).
+hooks the mixture's input and runs every expert on it (`match/activation_experts.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def moe_to_canonical(i: int, router, gate, up, down, gamma) -> dict[str, torch.T
 class MixtureOfExperts:
     """A Llama-layout adapter's MLP part replaced by a sparse mixture of experts (mix in before the adapter)."""
 
-    hooks: HookPoints = dataclasses.replace(DECODER_HOOKS, ffn_hidden="model.layers.{i}.mlp.experts")
+    hooks: HookPoints = dataclasses.replace(DECODER_HOOKS, moe_input="model.layers.{i}.mlp")
     expert_parts = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
     #: the config keys of the number of experts and of each expert's width
     n_experts_key, d_mlp_key = "num_experts", "intermediate_size"

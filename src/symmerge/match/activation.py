@@ -11,6 +11,8 @@ spec's actions. For each group:
 - FFN permutation: assignment on the correlation of hidden units (the down projection's input),
   on |correlation| when GLU scales (which may flip signs) are matched too; GLU scale: sign of the
   correlation times the ratio of the units' RMS (exact for a planted scale, never near 0);
+- a mixture of experts' layer: every expert run densely on the stream the experts read, the experts assigned
+  on the value of their best unit assignment, then the units inside matched experts (`activation_experts.py`);
 - head permutation: assignment on the overlap of attention patterns, which the QK and OV maps
   leave unchanged (query heads inside KV groups as in weight matching);
 - QK map: balanced least squares (`solvers.solve_map`) between the matched heads' "g" side (queries)
@@ -44,6 +46,7 @@ from ..algebra.spec import ROTATION
 from ..errors import SymmergeError
 from ..evaluation.forward import model_inputs
 from ..store.model import Model, build_hf_model, export_state_dict
+from .activation_experts import expert_step
 from .costs import touching
 from .solvers import best_rotation, linear_assignment, solve_map
 from .weight import MatchResult
@@ -72,15 +75,17 @@ def hook_stream(module, fn, reads_input: bool):
 
 def _hook_points(model: Model) -> list[tuple[str, tuple, bool]]:
     """(module, key, whether its input is hooked) for every activation kept: the streams the readers read
-    (("norm", name)), the attention's input (("x_attn", i)) and the FFN hidden vector (("ffn", i))."""
+    (("norm", name)), the attention's input (("x_attn", i)) and the FFN hidden vector (("ffn", i)), or in a
+    mixture of experts the stream the experts read (("moe_x", i))."""
     hooks = model.adapter.hooks
-    if hooks is None or not hooks.norms or model.shape.n_experts:  # experts: no one FFN hidden vector per layer
+    if hooks is None or not hooks.norms:
         raise SymmergeError(f"activation matching has no hook points for {model.adapter.name}; use --method weight")
     layers = [hooks.layer(i) for i in range(model.shape.n_layers)]
     ins = hooks.reads_inputs
     points = [(n, ("norm", n), ins) for h in layers for n in h.norms] + [(hooks.final_norm, ("norm", hooks.final_norm), False)]
     points += [(h.attn_norm, ("x_attn", i), ins) for i, h in enumerate(layers)]
-    return points + [(h.ffn_hidden, ("ffn", i), True) for i, h in enumerate(layers)]
+    return points + [(h.moe_input, ("moe_x", i), True) if h.moe_input else (h.ffn_hidden, ("ffn", i), True)
+                     for i, h in enumerate(layers)]
 
 
 def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
@@ -123,7 +128,7 @@ def collect(model: Model, batches: list[dict], max_tokens: int = 20000) -> dict:
 def keep_count(store) -> int:
     """Tokens collected so far (columns of any per-token activation)."""
     for k, v in store.items():
-        if k[0] == "ffn":
+        if k[0] in ("ffn", "moe_x"):
             return sum(x.shape[1] for x in v)
     return 0
 
@@ -194,7 +199,10 @@ def ffn_step(spec, chosen, g, fit, corr: torch.Tensor, rms_a: torch.Tensor, rms_
         g[glu] = scatter(torch.where(d == 0, torch.ones_like(d), d), p)
 
 
-def _ffn(spec, chosen, g, fit, acts_a, acts_b, i) -> None:
+def _ffn(spec, chosen, g, fit, acts_a, acts_b, i, params_a, params_b) -> None:
+    if ("moe_x", i) in acts_a:
+        expert_step(spec, chosen, g, fit, [acts_a[("moe_x", i)].T], [acts_b[("moe_x", i)].T], params_a, params_b, i)
+        return
     ha, hb = acts_a[("ffn", i)], acts_b[("ffn", i)]
     rms = lambda h: h.pow(2).mean(1).sqrt().clamp_min(1e-300)  # noqa: E731
     ffn_step(spec, chosen, g, fit, _corr(ha, hb), rms(ha), rms(hb), i)
@@ -269,7 +277,7 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
         fit["residual_r2"] = 1 - num / sum(float((acts_a[k] ** 2).sum()) for k in keys)
     for i in range(spec.shape.n_layers):
         _heads(a, b, spec, chosen, g, fit, acts_a, acts_b, i, rot)
-        _ffn(spec, chosen, g, fit, acts_a, acts_b, i)
+        _ffn(spec, chosen, g, fit, acts_a, acts_b, i, a.params, b.params)
     st = State(spec, a.params, b.params, {n: G.identity(x) for n, x in spec.groups.items()})
     history = [st.similarity()]
     st.g = g
@@ -277,5 +285,5 @@ def activation_match(a: Model, b: Model, batches: list[dict], families: list[str
         st.g = solve_scaling(st, name, None)
     st = State(spec, a.params, b.params, st.g)
     history.append(st.similarity())
-    fit["tokens"] = int(acts_a[next(k for k in acts_a if k[0] == "ffn")].shape[1])
+    fit["tokens"] = int(acts_a[next(k for k in acts_a if k[0] in ("ffn", "moe_x"))].shape[1])
     return MatchResult(st.g, history, time.perf_counter() - start, 0, len(chosen), {"fit": fit})

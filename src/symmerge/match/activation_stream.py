@@ -14,7 +14,9 @@ Statistics, and why they give today's answer (`activation.activation_match`, up 
 - residual rotation: `sum a b^T` over every normalised stream (d x d), as the in-memory cross-product;
 - head permutation: `sum P_a P_b^T` of the attention patterns, the in-memory overlap;
 - FFN: count, means and centred co-moments of the hidden units, merged batch by batch (Chan et al.),
-  give exactly the correlation and RMS the in-memory path computes from stored columns;
+  give exactly the correlation and RMS the in-memory path computes from stored columns; a mixture of
+  experts' input is kept for the block's tokens (as the streams are) and its experts' statistics are summed
+  from it, a block of experts at a time (`activation_experts.py`);
 - QK / OV maps: every solver (`solvers.solve_map`) reads its data `Xa, Xb, Ya, Yb` only through the
   Gram matrices within {Xa, Xb} and within {Ya, Yb}. Each side is affine in the attention input x,
   `W x + b = W~ [x; 1]`, so those Grams are `W~ M W~^T` with M the joint second moment of `[x_A; 1;
@@ -43,6 +45,7 @@ from ..errors import SymmergeError
 from ..evaluation.forward import model_inputs
 from ..store.model import as_parts
 from .activation import ffn_step, head_maps, head_perms, hook_stream, in_a_order, map_sides, side_data, writer_scale
+from .activation_experts import expert_step
 from .activation_stats import FfnMoments, sides_factor
 from .blockwise import weightless
 from .residual import ResidualFit
@@ -77,7 +80,7 @@ class Runner:
         self.adapter, self.shape, self.dtype = source.adapter, source.shape, dtype
         self.device = torch.device("cpu") if device is None else torch.device(device)
         hooks = self.adapter.hooks
-        if hooks is None or not hooks.norms or hooks.block is None or hooks.attention is None or self.shape.n_experts:
+        if hooks is None or not hooks.norms or hooks.block is None or hooks.attention is None:
             raise SymmergeError(f"activation matching has no hook points for {self.adapter.name}; use --method weight")
         self.hooks = hooks
         ends = self.parts.ends()
@@ -126,7 +129,8 @@ class Runner:
         block, prefix = self.blocks[i], h.block + "."
         local = lambda n: block.get_submodule(n[len(prefix):])  # noqa: E731
         handles = [hook_stream(local(n), lambda t, n=n: keep(("norm", n), t), h.reads_inputs) for n in h.norms]
-        handles.append(hook_stream(local(h.ffn_hidden), lambda t: keep("ffn", t), True))
+        handles.append(hook_stream(local(h.moe_input), lambda t: keep("moe_x", t), True) if h.moe_input
+                       else hook_stream(local(h.ffn_hidden), lambda t: keep("ffn", t), True))
         handles.append(local(h.attention).register_forward_hook(lambda m, a, o: keep("pattern", o[1])))
         try:
             with torch.no_grad():
@@ -222,6 +226,7 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
     h = ra.hooks.layer(i)
     d, heads = spec.shape.d_model, spec.shape.n_heads
     ffn = FfnMoments()  # in `dtype` (float32 at scale: d_mlp^2 entries)
+    moe_x: tuple[list, list] = ([], [])  # a mixture of experts' input, batch by batch (the experts run later)
     moment = torch.zeros(2 * d + 2, 2 * d + 2, dtype=G.DTYPE, device=ra.device)  # of [x_A; 1; x_B; 1], x the attention input
     patterns = torch.zeros(heads, heads, dtype=G.DTYPE, device=ra.device)
     tokens = lambda t, mask: _tokens(t, mask, dtype)  # noqa: E731
@@ -236,7 +241,11 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         one = torch.ones(xa.shape[0], 1, dtype=xa.dtype, device=xa.device)
         z = torch.cat([xa, one, xb, one], 1)  # [tokens, 2d + 2]
         moment += z.T @ z
-        ffn.add(tokens(seen[("A", "ffn")], mask), tokens(seen[("B", "ffn")], mask))
+        if h.moe_input:
+            moe_x[0].append(tokens(seen[("A", "moe_x")], mask))
+            moe_x[1].append(tokens(seen[("B", "moe_x")], mask))
+        else:
+            ffn.add(tokens(seen[("A", "ffn")], mask), tokens(seen[("B", "ffn")], mask))
         pat = [seen[(m, "pattern")].detach().to(G.DTYPE) for m in "AB"]  # [batch, heads, T, T]
         pat = [p.transpose(0, 1).reshape(heads, -1) for p in pat]
         patterns += pat[0] @ pat[1].T
@@ -259,5 +268,8 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         return out[0], out[1], out[2], out[3]
 
     head_maps(spec, chosen, g, i, sides)
+    if h.moe_input:
+        expert_step(spec, chosen, g, fit, *moe_x, pa, pb, i)
+        return
     corr, rms_a, rms_b = (t.cpu() for t in ffn.correlation())
     ffn_step(spec, chosen, g, fit, corr, rms_a, rms_b, i)
