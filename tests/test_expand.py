@@ -26,7 +26,8 @@ EPS_KEYS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps")
 
 
 def _d_mlp_key(c) -> str:
-    return "n_inner" if hasattr(c, "n_inner") else "intermediate_size"
+    """The config key of the FFN width (of each expert's, in a mixture of experts)."""
+    return next(k for k in ("moe_intermediate_size", "n_inner", "intermediate_size") if hasattr(c, k))
 
 
 def _widened(arch: str, d=1, ffn=1, heads=1, kv=None, head_dim=1, eps=1.0):
@@ -131,10 +132,10 @@ def _expanded_with(narrow_dir, wide_config, tmp_path, **wrong):
 def _refusal(arch: str, case: str) -> str | None:
     """The words of the refusal an expansion case must meet, None where it is exact."""
     s = _shape(make_config(arch))
-    if s.n_experts:
-        return "mixture of experts"
     if s.post_norm and case != "ffn":
         return "post-norms"
+    if s.qk_norm == "projection" and _shape(make_config(arch)).n_heads != _shape(_widened(arch, **_cases(arch)[case])).n_heads:
+        return "whole projection"
     if _changes_head(arch, case):
         return "clip_qkv" if s.clip_qkv is not None else "QK-norm" if s.qk_norm else None
     return None
@@ -145,7 +146,7 @@ def _controls():
     out = []
     for arch in ARCHS:
         s = _shape(make_config(arch))
-        if s.post_norm or s.n_experts:  # only the FFN widens: zero units, nothing to compensate; experts: refused
+        if s.post_norm or s.qk_norm == "projection":  # only the FFN widens: zero units, nothing to compensate
             continue
         out.append((arch, "all", "reader_scale"))
         if s.eps_in_config:
@@ -195,6 +196,10 @@ def _refusal_cases():
     vocab.vocab_size = 62
     gqa = make_config("llama")
     gqa.num_key_value_heads = 4  # 1 query head per KV head, NARROW has 2
+    experts = make_config("mixtral")
+    experts.num_local_experts = 5
+    top = make_config("qwen3_moe")
+    top.num_experts_per_tok = 3
     gpt2_half = make_config("gpt2")
     gpt2_half.n_inner = 48  # narrower FFN than NARROW's 4 x 24
     return [
@@ -206,6 +211,8 @@ def _refusal_cases():
         ("gpt_neox", neox, "RoPE frequency"),
         ("llama", gqa, "q_per_kv"),
         ("olmo_clip", _widened("olmo_clip", d=2), "clip_qkv"),
+        ("mixtral", experts, "number of experts"),
+        ("qwen3_moe", top, "experts per token"),
     ]
 
 

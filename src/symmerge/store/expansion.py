@@ -23,7 +23,11 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
 - QK-norm (an RMSNorm on q and k that reads the config's eps): q and k are multiplied by
   `sqrt(eps_D / eps_d)` (the residual scale's action on them), so the norm sees its input and eps
   scaled alike. A wider head would change the mean the norm takes and the
-  score scale behind it: refused. Post-norm models (OLMo-2) expand only their FFN width.
+  score scale behind it: refused; so are more heads under a QK-norm over the whole projection (OLMoE). Post-norm
+  models (OLMo-2) expand only their FFN width.
+- mixtures of experts: the router is a reader (its logits unchanged), each expert's units are FFN slots (zero
+  padded inside every expert), its down projection a writer. The number of experts stays: a new expert's
+  router row gives it a finite logit, hence weight in the softmax and a chance in the top k.
 
 What cannot be expanded is refused in `plan` with the reason (the list: docs/guides/widths.md,
 "What cannot be expanded").
@@ -51,7 +55,7 @@ from .parts import ModelParts, Params
 SAME = {"arch": "architectures", "hf_class": "classes", "n_layers": "layer counts", "vocab": "vocabularies (or classes)",
         "norm": "normalisations", "gated": "MLP kinds", "parallel": "residual layouts", "rotary_layout": "RoPE layouts",
         "activation": "activations", "clip_qkv": "clip_qkv", "n_positions": "position counts",
-        "eps_in_config": "eps handling", "qk_norm": "QK-norms"}
+        "eps_in_config": "eps handling", "qk_norm": "QK-norms", "experts_per_token": "experts per token"}
 #: widths that may only grow from NARROW to WIDE
 WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp")
 
@@ -78,6 +82,9 @@ def _check_shapes(n: ModelShape, w: ModelShape) -> None:
         if getattr(n, key) != getattr(w, key):
             raise SymmergeError(f"NARROW and WIDE differ in {what} ({key}={getattr(n, key)} vs {getattr(w, key)}); "
                                 "expand only changes widths")
+    if n.n_experts != w.n_experts:
+        raise SymmergeError(f"NARROW and WIDE differ in the number of experts ({n.n_experts} vs {w.n_experts}): a new "
+                            "expert's router row has a finite logit, so the softmax would give it weight; keep the experts")
     for key in WIDTHS:
         if getattr(n, key) > getattr(w, key):
             why = (" (a query head cannot move to another KV group: the GQA ratio may only grow)"
@@ -151,9 +158,6 @@ def plan(adapter, narrow_config, wide_config) -> Expansion:
     n, w = adapter.shape(narrow_config), adapter.shape(wide_config)
     _check_shapes(n, w)
     _check_config(adapter, narrow_config, wide_config)
-    if n.n_experts:
-        raise SymmergeError(f"{n.hf_class} is a mixture of experts; expanding one into a wider config is not "
-                            "supported yet (the experts' FFNs and the router would have to widen together)")
     score = adapter.score_scale(narrow_config, n) / adapter.score_scale(wide_config, w)
     if n.clip_qkv is not None and score != 1.0:
         raise SymmergeError(f"clip_qkv={n.clip_qkv} clamps q elementwise, so the score scale of a wider head "
@@ -161,6 +165,9 @@ def plan(adapter, narrow_config, wide_config) -> Expansion:
     if n.post_norm and (n.d_model, n.n_heads, n.n_kv_heads, n.d_head, n.eps) != (w.d_model, w.n_heads, w.n_kv_heads, w.d_head, w.eps):
         raise SymmergeError("post-norms normalise over the residual width and QK-norm over all heads, with one eps: "
                             "only a wider FFN (d_mlp) is expanded exactly; keep the other widths and the eps")
+    if n.qk_norm == "projection" and (n.n_heads, n.n_kv_heads) != (w.n_heads, w.n_kv_heads):
+        raise SymmergeError("QK-norm over the whole projection normalises q and k over all heads, so new heads "
+                            "change their norms; keep the head counts")
     if n.qk_norm and n.d_head != w.d_head:
         raise SymmergeError(f"QK-norm normalises q and k over the head width, so a wider head ({n.d_head} -> "
                             f"{w.d_head}) changes their norms; keep d_head")
