@@ -110,6 +110,7 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
     from .runtime import devices, distributed
     from .runtime.checks import check_report_file
     from .workflows.merge_many import merge_models
+    from .workflows.pair import validation_batches
 
     paths = [_path(m) for m in models]
     check_report_file(report, "--json", [out, aligned])
@@ -127,8 +128,7 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
         if not matcher.needs_data or isinstance(data, registry.Data):
             return data if matcher.needs_data else None
         train = load_batches(paths[0], data, "train", batch_size, seq_len, max_batches)
-        val = (load_batches(paths[0], data, "validation", batch_size, seq_len, opts["val_batches"])
-               if matcher.validates else [])
+        val = validation_batches(opts, data, paths[0], batch_size, seq_len, method) if matcher.validates else []
         return registry.Data(train, val)
 
     group = distributed.init(device) if matcher.validates else distributed.current()  # torchrun: learned/dual

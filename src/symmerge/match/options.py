@@ -212,6 +212,8 @@ class LearnedOptions(WeightOptions):
     val_batches: int | str | None = option(None, "validation batches for choosing the best state; auto: enough for a "
                                            f"standard error of at most {VAL_SE:g} nats (all of the split at most)",
                                            argument_type(parse_val_batches), recipe="val_batches")
+    val_data: str | None = option(None, "data that chooses the best state, all of it (default: the validation split "
+                                  "of --data): e.g. a held-out file like the data the merge will serve")
     recompute: str = option(LearnConfig.recompute, "what the backward recomputes per block: block (least memory: about "
                             "a block beyond the endpoints), weights (activations kept: a forward less per step) or "
                             "none; the same result", choices=RECOMPUTE)

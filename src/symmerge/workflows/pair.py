@@ -36,6 +36,15 @@ def load_data(data: str, model_dir, split: str, batch_size: int, seq_len: int | 
     return load_batches(model_dir, data, split, batch_size, seq_len, max_batches)
 
 
+def validation_batches(opts: dict, data, model_dir, size: int, seq_len: int | None, method: str) -> list[dict]:
+    """The batches that choose the best state: every item of `val_data` when the options name one, else the
+    validation split of `data`; `val_batches` of them when it is a number (auto: sized from all)."""
+    val = opts["val_batches"] if isinstance(opts["val_batches"], int) else None
+    if opts.get("val_data"):
+        return load_data(opts["val_data"], model_dir, "all", size, seq_len, val, method)
+    return load_data(data, model_dir, "validation", size, seq_len, val, method)
+
+
 def tokens_per_item(model_dir, seq_len: int | None) -> int:
     """Tokens one sequence (--seq-len, or the context) or one image (its patches and CLS token) holds."""
     from ..data.batches import context_length, is_vision
@@ -62,9 +71,8 @@ def batches_for(matcher, opts: dict, data, model_dir, split: str = "train",
         return data if matcher.needs_data else None
     size = batch_size(opts, model_dir, seq_len)
     if matcher.validates:
-        val = opts["val_batches"] if isinstance(opts["val_batches"], int) else None  # auto: sized from all
         return registry.Data(load_data(data, model_dir, "train", size, seq_len, opts["max_batches"], matcher.name),
-                             load_data(data, model_dir, "validation", size, seq_len, val, matcher.name))
+                             validation_batches(opts, data, model_dir, size, seq_len, matcher.name))
     return registry.Data(load_data(data, model_dir, split, size, seq_len, opts["max_batches"], matcher.name))
 
 
