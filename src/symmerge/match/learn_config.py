@@ -103,26 +103,26 @@ def parse_lr(text: str) -> float | str:
     return x
 
 
-def parse_epochs(text: str) -> float:
-    """`--epochs`: a finite number above 0."""
+def _finite(flag: str, text: str, ok, need: str) -> float:
+    """`text` as a finite float for which `ok` holds; else one line naming the flag and what it needs."""
     try:
         x = float(text)
     except ValueError:
-        raise SymmergeError(f"--epochs {text!r} is not a number") from None
-    if not (math.isfinite(x) and x > 0):
-        raise SymmergeError(f"--epochs {text} must be a finite number above 0")
+        raise SymmergeError(f"{flag} {text!r} is not a number") from None
+    if not (math.isfinite(x) and ok(x)):
+        raise SymmergeError(f"{flag} {text} must be {need}")
     return x
+
+
+def parse_epochs(text: str) -> float:
+    """`--epochs`: a finite number above 0."""
+    return _finite("--epochs", text, lambda x: x > 0, "a finite number above 0")
 
 
 def parse_extend(text: str) -> float:
     """`--extend`: a finite number of at least 1."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise SymmergeError(f"--extend {text!r} is not a number") from None
-    if not (math.isfinite(x) and x >= 1):
-        raise SymmergeError(f"--extend {text} must be a finite number of at least 1 (1: never learn past the planned steps)")
-    return x
+    return _finite("--extend", text, lambda x: x >= 1,
+                   "a finite number of at least 1 (1: never learn past the planned steps)")
 
 
 def parse_val_batches(text: str) -> int | str:
