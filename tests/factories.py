@@ -115,6 +115,12 @@ def make_model(arch: str, seed: int = 0, dtype=torch.float64):
     config = make_config(arch)
     cls = CLASSES.get(arch, T.AutoModelForCausalLM)
     model = cls(config) if arch == "vit" else cls.from_config(config)
+    return runnable(randomised(model, seed).to(dtype).eval())
+
+
+def randomised(model, seed: int = 0):
+    """`model` (a fresh stock HF model) with norm weights and biases drawn away from 1 and 0 and larger weights,
+    so that folding is exercised and errors show; changed in place and returned."""
     gen = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -127,7 +133,7 @@ def make_model(arch: str, seed: int = 0, dtype=torch.float64):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.mul_(3.0)  # larger weights: attention patterns far from uniform, so errors show
-    return runnable(model.to(dtype).eval())
+    return model
 
 
 def save_model(model, path: Path) -> Path:

@@ -54,3 +54,49 @@ def test_every_page_is_in_the_navigation():
 def test_the_changelog_page_is_the_changelog():
     """One source: docs/changelog.md includes CHANGELOG.md (pymdownx.snippets) instead of copying it."""
     assert (DOCS / "changelog.md").read_text().strip() == '--8<-- "CHANGELOG.md"'
+
+
+SRC = ROOT / "src" / "symmerge"
+
+
+def _spans(text: str) -> list[str]:
+    """The inline code spans of Markdown `text` (fenced blocks left out)."""
+    return re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+def missing_modules(text: str, here: Path = ROOT) -> list[str]:
+    """Module paths and dotted `symmerge.` names in `text`'s code spans that name nothing: a path is looked up
+    from the repository root, from the page's folder `here`, under src/symmerge, and as the tail of a path
+    under it; a dotted name is
+    imported (its longest module prefix), the rest looked up as attributes."""
+    import importlib
+
+    modules = [p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py")]
+    missing = []
+    for span in _spans(text):
+        for path in re.findall(r"(?<![\w<>/.-])((?:[\w.-]+/)*\w+\.py)\b", span):
+            if not ((ROOT / path).is_file() or (here / path).is_file() or any(m == path or m.endswith("/" + path) for m in modules)):
+                missing.append(path)
+        for name in re.findall(r"^(symmerge(?:\.\w+)+)", span):
+            if name == "symmerge.json":  # the file every output holds
+                continue
+            parts, obj = name.split("."), None
+            for k in range(1, len(parts) + 1):  # the longest prefix that imports
+                try:
+                    obj, rest = importlib.import_module(".".join(parts[:k])), parts[k:]
+                except ImportError:
+                    break
+            for attr in rest:
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                missing.append(name)
+    return missing
+
+
+def test_every_module_the_docs_name_exists():
+    pages = {p: p.read_text() for p in [*sorted(DOCS.rglob("*.md")), ROOT / "README.md", ROOT / "benchmarks/README.md"]}
+    missing = {p.relative_to(ROOT).as_posix(): missing_modules(text, p.parent) for p, text in pages.items()}
+    assert {p: m for p, m in missing.items() if m} == {}
+    # negative controls: a moved module, a renamed function and a path with a typo are found
+    assert missing_modules("`symmerge/barrier.py`, `match/registy.py`, `symmerge.api.aligned`, `match/options.py`, "
+                           "`symmerge.match.registry.Data`") == ["symmerge/barrier.py", "match/registy.py", "symmerge.api.aligned"]

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from doc_blocks import code_blocks
 from symmerge.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,10 +36,7 @@ README = (ROOT / "README.md").read_text()
 
 def blocks(section: str, language: str) -> list[str]:
     """The ```language code blocks of the README section (### or ##) titled `section`."""
-    start = README.index(section + "\n")
-    end = re.search(r"\n##+ ", README[start + len(section):])
-    text = README[start: start + len(section) + (end.start() if end else len(README))]
-    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+    return code_blocks(README, section, language)
 
 
 def test_merge_two_models_recipe_and_python_example_run_as_written(tmp_path, monkeypatch):
