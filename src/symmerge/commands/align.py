@@ -25,11 +25,10 @@ def register(sub) -> None:
     output_section(p, "output folder: B's class, B's function, A's coordinates",
                    "write the report (objective per iteration, groups found) here", "replace a non-empty OUT")
     sections = Sections(p)
-    how = sections.get(MATCHING)
+    how = sections.get(MATCHING, f"--groups takes the families {', '.join(FAMILIES)}")
     how.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
                      help="; ".join(f"{m.name}: {m.help}" for m in registry.MATCHERS.values()))
-    how.add_argument("--groups", default=None,
-                     help=f"comma-separated families, or 'all' (default: all but residual_scale). Families: {','.join(FAMILIES)}")
+    how.add_argument("--groups", default=None, help="comma-separated families, or 'all' (default: all but residual_scale)")
     data = sections.get(DATA)
     data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data.batches)")
     data.add_argument("--split", default="train", help="activation matching's split (learned/dual: train and validation)")
@@ -39,9 +38,8 @@ def register(sub) -> None:
     learn = sections.get(LEARNED)
     learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
     learn.add_argument("--shard-endpoints", type=int, nargs="?", const=0, default=None, metavar="K",
-                       help="under torchrun: FSDP2 shards the frozen endpoints, each process keeping 1/N of them (1/K "
-                       "with K: over groups of K processes, replicated across groups; K divides N)")
-    devices.add_arguments(sections.get(DEVICE), "the forward (activation, learned, dual) and weight matching's products",
+                       help="under torchrun: FSDP2 shards the frozen endpoints over the processes (K: over groups of K)")
+    devices.add_arguments(sections.get(DEVICE), "matching",
                           dtype_help="working precision of the forward (default: learned/dual: the checkpoint's own "
                           "dtype; activation: --precision)")
     p.set_defaults(run=run, checkpoints=("a", "b"), spreads=lambda args: registry.get(args.method).validates)  # over torchrun's processes

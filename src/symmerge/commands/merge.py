@@ -24,27 +24,26 @@ MANY = [f.name for f in fields(ManyOptions)]
 def register(sub) -> None:
     p = sub.add_parser("merge", help="align many models into shared coordinates and write their weighted average")
     p.add_argument("models", nargs="+", help="two or more checkpoint folders or Hub ids ORG/NAME[@REVISION] of one "
-                   "architecture (never modified); mixed widths are expanded into the widest")
+                   "architecture (never modified)")
     out = output_section(p, "output folder: the weighted average, a stock checkpoint",
                          "write the report (objective per round, rounds, groups found) here", "replace non-empty output folders")
-    out.add_argument("--aligned", default=None, help="also write every model in the shared coordinates (its own "
+    out.add_argument("--aligned", default=None, metavar="DIR", help="also write every model in the shared coordinates (its own "
                      "class and function) to DIR/1 ... DIR/n")
     sections = Sections(p)
-    how = sections.get(MATCHING)
+    how = sections.get(MATCHING, f"mixed widths are expanded into the widest; --groups takes the families "
+                       f"{', '.join(FAMILIES)}")
     how.add_argument("--method", choices=list(registry.MATCHERS), default="weight",
                      help=f"the matcher (many-model forms: {', '.join(registry.many_methods())})")
     how.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
-    how.add_argument("--groups", default=None,
-                     help=f"comma-separated families, or 'all' (default: the spec's choice, as align). Families: {','.join(FAMILIES)}")
+    how.add_argument("--groups", default=None, help="comma-separated families, or 'all' (default: as align)")
     add_option(how, "precision", help_of("precision"))
     rounds = sections.get(ROUNDS, "every model matched to the mean of the others, round after round")
     add_option(rounds, "max_iters", f"weight matching: {help_of('max_iters')} per match")
     for name in MANY:
         if name not in MANY_LEARN_OPTIONS:
             add_option(rounds, name, help_of(name, ManyOptions), cls=ManyOptions)
-    data = sections.get(DATA)
-    data.add_argument("--data", default=None, help="data set: a .txt file, an IDX folder, 'digits', hf:NAME (symmerge.data.batches); "
-                      "train split, learned/dual validate on validation")
+    data = sections.get(DATA, "activation, learned and dual matching run the models on batches of --data")
+    data.add_argument("--data", default=None, help="data set, as align's --data: the train split (learned/dual: validation too)")
     data.add_argument("--batch-size", type=at_least(1), default=8, help="sequences (images) per batch")
     data.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per sequence (default: context)")
     data.add_argument("--max-batches", type=at_least(1), default=8, help="training batches")

@@ -144,8 +144,8 @@ class Options:
 _MAX_ITERS = dict(default=_signature_default(weight_match, "max_iters"), help="most sweeps over the groups",
                   parse=at_least(1))
 _PRECISION = dict(default=str(_signature_default(weight_match, "dtype")).replace("torch.", ""),
-                  help="precision of the algebra and of activation statistics; float32 for large models (less memory, "
-                  "faster)", choices=("float64", "float32"))
+                  help="precision of the algebra and activation statistics (float32: less memory, faster)",
+                  choices=("float64", "float32"))
 
 
 @dataclass(frozen=True)
@@ -155,12 +155,10 @@ class WeightOptions(Options):
     METHOD: ClassVar[str] = "weight"
     max_iters: int = option(**_MAX_ITERS)
     precision: str = option(**_PRECISION)
-    cost_products: str = option(CHOICES[0], "products behind the assignment costs: exact, or bfloat16 operands with "
-                                "float32 accumulation (faster on CPUs with AMX; every candidate still judged exactly)",
-                                choices=CHOICES)
+    cost_products: str = option(CHOICES[0], "assignment-cost products: exact, or bfloat16 operands (faster with AMX; "
+                                "candidates judged exactly)", choices=CHOICES)
     sweep_workers: int = option(_signature_default(weight_match, "workers"), "blocks solved at once, one thread each "
-                                "(the same result at any count; memory holds that many blocks); 0: the CPU threads, at "
-                                "most 4", at_least(0))
+                                "(the same result); 0: the CPU threads, at most 4", at_least(0))
 
 
 _BATCH_SIZE = ("sequences (images) per batch (full recipe: as many as make "
@@ -186,37 +184,33 @@ class LearnedOptions(WeightOptions):
     METHOD: ClassVar[str] = "learned"
     batch_size: int | None = option(None, *_BATCH_SIZE, recipe="batch_size")
     max_batches: int | None = option(None, *_MAX_BATCHES, recipe="max_batches")
-    recipe: str | None = option(None, "the settings every learned/dual option starts from: full (epochs of every "
-                                "training batch, --lr auto) or quick (a smoke test: 200 steps on 8 batches of 8)",
-                                choices=tuple(RECIPES))
-    param: str = option(LearnConfig.param, "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: cayley "
-                        "for orthogonal, polar for invertible groups)")
+    recipe: str | None = option(None, "the settings every learned/dual option starts from: full (epochs, --lr auto) "
+                                "or quick (a smoke test)", choices=tuple(RECIPES))
+    param: str = option(LearnConfig.param, "cayley|cayley-signs|expm|polar|direct, or family=method,... (auto: by "
+                        "group kind)")
     steps: int | None = option(None, "optimiser steps (instead of --epochs)", at_least(0), recipe="steps")
     epochs: float | None = option(None, "passes over the training batches (instead of --steps)",
                                   argument_type(parse_epochs), recipe="epochs")
-    lr: float | str | None = option(None, "Adam rate, cosine decay; auto: the best of a few short runs on the "
-                                    "validation barrier (a tenth of the cost at most)", argument_type(parse_lr),
-                                    recipe="lr")
+    lr: float | str | None = option(None, "Adam rate, cosine decay; auto: the best of short runs on the validation "
+                                    "barrier", argument_type(parse_lr), recipe="lr")
     lam_range: tuple[float, float] | None = option(None, "λ drawn uniformly from LOW,HIGH per batch",
                                                    argument_type(parse_lam_range), recipe="lam_range")
-    lam_sampling: str = option(LearnConfig.lam_sampling, "uniform, or peak: half the λ draws near the grid points "
-                               "where the path stands highest above the straight line", choices=LAM_SAMPLING)
+    lam_sampling: str = option(LearnConfig.lam_sampling, "uniform, or peak: half the λ draws where the path stands "
+                               "highest", choices=LAM_SAMPLING)
     seed: int = option(LearnConfig.seed, "seed of the batch order and λ draws", seed)
     eval_every: int | None = option(None, f"steps between validation barriers (none: {EVALUATIONS} in the run)",
                                     at_least(1), recipe="eval_every")
-    extend: float | None = option(None, "while the last evaluation is the best, learn on by quarters of the run up to "
-                                 "this multiple of its steps (1: never; --steps/--epochs alone: 1)",
-                                 argument_type(parse_extend), recipe="extend")
+    extend: float | None = option(None, "while the last evaluation is the best, learn on up to this multiple of the "
+                                 "steps (1: never)", argument_type(parse_extend), recipe="extend")
     patience: int = option(LearnConfig.patience, "stop after this many evaluations without improvement (0: never)",
                            at_least(0))
-    val_batches: int | str | None = option(None, "validation batches for choosing the best state; auto: enough for a "
-                                           f"standard error of at most {VAL_SE:g} nats (all of the split at most)",
-                                           argument_type(parse_val_batches), recipe="val_batches")
-    val_data: str | None = option(None, "data that chooses the best state, all of it (default: the validation split "
-                                  "of --data): e.g. a held-out file like the data the merge will serve")
-    recompute: str = option(LearnConfig.recompute, "what the backward recomputes per block: block (least memory: about "
-                            "a block beyond the endpoints), weights (activations kept: a forward less per step) or "
-                            "none; the same result", choices=RECOMPUTE)
+    val_batches: int | str | None = option(None, "validation batches that choose the best state; auto: a standard "
+                                           f"error of at most {VAL_SE:g} nats", argument_type(parse_val_batches),
+                                           recipe="val_batches")
+    val_data: str | None = option(None, "a data set that chooses the best state, all of it (default: the validation "
+                                  "split of --data)")
+    recompute: str = option(LearnConfig.recompute, "what the backward recomputes: block (least memory), weights "
+                            "(faster) or none; the same result", choices=RECOMPUTE)
     val_points: int | None = option(None, "λ grid of the validation barrier, endpoints included", at_least(3),
                                     recipe="grid_points")
 

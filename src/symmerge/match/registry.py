@@ -173,14 +173,14 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
 
 
 MATCHERS = {m.name: m for m in (
-    Matcher("weight", "weight matching", "data-free, from the weights", False, _run_weight, WeightOptions,
+    Matcher("weight", "weight matching", "data-free", False, _run_weight, WeightOptions,
             streams=True, places=True, many=_run_weight_many),
-    Matcher("activation", "activation matching", "from activations on --data", True, _run_activation,
+    Matcher("activation", "activation matching", "activations on --data", True, _run_activation,
             ActivationOptions, streams=True, casts=True, many=_run_activation_many),
-    Matcher("learned", "learned matching", "B's element learned on the path's loss", True,
+    Matcher("learned", "learned matching", "B learned", True,
             partial(_run_learned, "learned"), LearnedOptions, validates=True, starts_from="weight", forward=True,
             many=partial(_run_learned_many, "learned")),
-    Matcher("dual", "dual learned matching", "both endpoints' continuous elements learned", True,
+    Matcher("dual", "dual learned matching", "A and B learned", True,
             partial(_run_learned, "dual"), DualOptions, validates=True, starts_from="weight", forward=True,
             many=partial(_run_learned_many, "dual")),
 )}
