@@ -17,6 +17,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import rebuild_times
+from record import NOT_RECORDED
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
@@ -69,16 +72,22 @@ def markdown_table(table: dict) -> list[str]:
 
 
 def machine_line(rec: dict) -> str:
+    """Where a record was measured: what it says of the machine, and plainly what it does not say."""
     m = rec["machine"]
-    parts = [f"CPU: {m.get('cpu', 'not recorded')}", f"{m.get('cores', 'not recorded')} cores",
-             f"torch {m.get('torch', 'not recorded')}"]
+    known = lambda key: m.get(key, NOT_RECORDED) != NOT_RECORDED  # noqa: E731
+    parts = [f"CPU: {m['cpu']}"] if known("cpu") else []
+    parts += [f"{m['cores']} cores"] if known("cores") else []
+    parts += [f"torch {m['torch']}"] if known("torch") else []
     if m.get("gpu"):
         parts.append(f"GPU: {m['gpu']}")
     threads = rec.get("threads")
     parts.append(f"{threads} thread{'' if str(threads) == '1' else 's'}" if threads is not None else "threads not recorded")
+    unknown = [what for key, what in (("cpu", "CPU model"), ("cores", "core count"), ("torch", "torch version"))
+               if not known(key)]
     commit = rec["commit"]
     head = commit[:10] + commit[40:] if len(commit) >= 40 else commit
-    return f"Recorded at commit `{head}`; " + ", ".join(parts) + "."
+    tail = f" The {' and '.join(unknown)} {'was' if len(unknown) == 1 else 'were'} not recorded." if unknown else ""
+    return f"Recorded at commit `{head}` on a machine with " + ", ".join(parts) + "." + tail
 
 
 def section(result: dict) -> list[str]:
@@ -100,6 +109,8 @@ def section(result: dict) -> list[str]:
             out += markdown_table(table)
         if rec.get("notes"):
             out += [_wrap(rec["notes"]), ""]
+    if result["benchmark"] == "pairs":
+        out += rebuild_times.section(result, _wrap)
     return out
 
 

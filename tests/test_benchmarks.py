@@ -16,7 +16,8 @@ sys.path.insert(0, str(BENCH))
 import record  # noqa: E402
 
 #: files of benchmarks/ that are tools, not benchmarks (no result of their own)
-TOOLS = {"record.py", "make_readme.py", "readme_figures.py", "readme_runs.py", "figure_refs.py", "reproduction_summary.py"}
+TOOLS = {"record.py", "make_readme.py", "readme_figures.py", "readme_runs.py", "figure_refs.py", "reproduction_summary.py",
+         "rebuild_times.py"}
 #: a machine path, or a diary: a date, a time of day, a session or helper
 DIARY = re.compile(r"/(?:work|tmp|root|home)/|\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?::\d\d)? UTC\b|\bsession\b|\bhelpers?\b",
                    re.I)
@@ -87,3 +88,50 @@ def test_the_benchmarks_readme_is_generated_from_the_results():
     cell[-1] = "123.456"
     changed = make_readme.render(results)
     assert changed != text and "| 123.456 |" in changed
+
+
+def test_the_readme_says_how_long_each_pair_takes_to_rebuild_at_2_threads():
+    import make_readme
+    import pairs
+    import rebuild_times
+
+    result = json.loads((BENCH / "results" / "pairs.json").read_text())
+    rows = {r[0]: r for r in rebuild_times.rebuild_rows(result)}
+    assert set(rows) == set(pairs.PAIRS)
+    assert rows["gpt2-bpe-small-240"][2:] == ["18 min (1058 s)", "yes"]  # the slower seed: 1058 s against 770 s
+    text = make_readme.render()
+    assert "### Rebuilding a pair at 2 threads" in text and "| gpt2-bpe-small-240 | 2 | 18 min (1058 s) | yes |" in text
+    # negative controls: a seed over 30 minutes is said to be over, and a pair without a time is not estimated
+    slow = json.loads(json.dumps(result).replace('"1058 s"', '"1900 s"'))
+    assert rebuild_times.rebuild_rows(slow)[list(pairs.PAIRS).index("gpt2-bpe-small-240")][3] == "no"
+    assert "Over 30 minutes: gpt2-bpe-small-240." in " ".join(rebuild_times.section(slow))
+    assert rows["vit-demo"][2:] == ["not recorded", "not known"]
+
+
+def test_records_say_plainly_what_they_do_not_know_of_the_machine():
+    import make_readme
+
+    rec = {"commit": "a" * 40, "threads": 1, "machine": {"cpu": record.NOT_RECORDED, "cores": 2, "torch": "2.13.0+cpu"}}
+    assert make_readme.machine_line(rec) == ("Recorded at commit `aaaaaaaaaa` on a machine with 2 cores, torch 2.13.0+cpu, "
+                                             "1 thread. The CPU model was not recorded.")
+    rec["machine"]["cpu"] = "AMD EPYC"
+    assert "CPU: AMD EPYC, 2 cores" in make_readme.machine_line(rec) and "not recorded" not in make_readme.machine_line(rec)
+
+
+def unlisted_inputs(result: dict) -> list[str]:
+    """The names of `pairs.py` whose models a record's commands read (`runs/FOLDER`) but `inputs` does not list."""
+    import pairs
+
+    listed = {i.split(" ")[0] for i in result["inputs"]}
+    folders = {name: re.compile(folder.replace("{seed}", r"\d+")) for name, (folder, _, _) in pairs.PAIRS.items()}
+    read = {name for rec in result["records"] for c in rec["commands"] for f in re.findall(r"runs/([\w.-]+)", c)
+            for name, rx in folders.items() if rx.fullmatch(f)}
+    return sorted(read - listed)
+
+
+def test_every_trained_model_a_benchmark_reads_is_in_its_inputs():
+    assert {name: u for name, r in _results().items() if (u := unlisted_inputs(r))} == {}
+    # negative control: a command that reads a pair the inputs leave out
+    result = _results()["family_barriers"]
+    result["records"][0]["commands"].append("symmerge barrier runs/mnist-vit-demo-seed0 runs/mnist-vit-demo-seed1")
+    assert unlisted_inputs(result) == ["vit-demo"]
