@@ -68,6 +68,14 @@ def _configs() -> dict:
                                               norm_topk_prob=True, vocab_size=61, max_position_embeddings=32,
                                               rms_norm_eps=1e-2, tie_word_embeddings=True, bos_token_id=0,
                                               eos_token_id=0, pad_token_id=None),
+        # Qwen3-MoE with a dense layer: mixtures in layers 0 and 1, a dense MLP of another width (40) in layer 2
+        "qwen3_moe_dense": lambda: T.Qwen3MoeConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                                    num_key_value_heads=2, head_dim=12, intermediate_size=40,
+                                                    moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                                                    mlp_only_layers=[2], norm_topk_prob=True, vocab_size=61,
+                                                    max_position_embeddings=32, rms_norm_eps=1e-2,
+                                                    tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+                                                    pad_token_id=None),
         # Gemma 2: norms before and after each sublayer ((1 + w) weights), GeGLU, sqrt(d) embedding scale, tied,
         # soft-capped scores and logits, query_pre_attn_scalar apart from head_dim, alternating sliding windows of 5
         "gemma2": lambda: T.Gemma2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -92,7 +100,7 @@ def _configs() -> dict:
 
 
 ARCHS = tuple(_configs())
-# mixtures of experts: no one FFN hidden vector per layer, so activation matching refuses them
+# mixtures of experts (in some layers at least)
 EXPERTS = frozenset(a for a, make in _configs().items() if getattr(make(), "num_experts_per_tok", 0))
 CLASSES = {"vit": T.ViTForImageClassification}
 

@@ -63,11 +63,17 @@ def gaps(got, ref, dtype) -> tuple[float, float]:
 
 
 def reversed_blocks(part, n_layers: int):
-    """A part function that feeds block i the tensors of block n-1-i (the wrong block order)."""
+    """A part function that feeds block i the tensors of its mirror among the blocks of its kind (the wrong block
+    order; a mixture of experts' dense layers are mirrored among themselves)."""
+    kinds: dict = {}
+    for i in range(n_layers):
+        kinds.setdefault(frozenset(k.split(".", 2)[2] for k in part(i)), []).append(i)
+    mirror = {i: same[len(same) - 1 - k] for same in kinds.values() for k, i in enumerate(same)}
+
     def wrong(key, rows=None):
         if not isinstance(key, int):
             return part(key, rows)
-        j = n_layers - 1 - key
+        j = mirror[key]
         return {k.replace(f"blocks.{j}.", f"blocks.{key}.", 1): v for k, v in part(j).items()}
     return wrong
 

@@ -36,6 +36,8 @@ def _widened(arch: str, d=1, ffn=1, heads=1, kv=None, head_dim=1, eps=1.0):
     d_mlp = getattr(c, _d_mlp_key(c)) or 4 * c.hidden_size
     c.hidden_size *= d
     setattr(c, _d_mlp_key(c), d_mlp * ffn)
+    if hasattr(c, "moe_intermediate_size"):  # the dense layers' width too (Qwen3-MoE's mlp_only_layers)
+        c.intermediate_size *= ffn
     c.num_attention_heads *= heads
     if getattr(c, "num_key_value_heads", None):
         c.num_key_value_heads *= heads if kv is None else kv

@@ -17,8 +17,9 @@ import transformers as T
 from safetensors.torch import save_file
 
 from checks import assert_different_function, assert_same_function, gap
-from factories import EXPERTS, example_inputs, loaded_with_logits, logits, make_config, make_model, rel_distance, stock_logits
+from factories import EXPERTS, example_inputs, loaded_with_logits, logits, make_config, rel_distance, stock_logits
 from symmerge import cli
+from symmerge.adapters import adapter_for
 from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.store.model import load_model
@@ -103,7 +104,7 @@ def test_per_expert_files_are_read_and_written(moe, tmp_path):
     fused = tmp_path / "fused"
     fused.mkdir()
     (fused / "config.json").write_text((model.path / "config.json").read_text())
-    hf = make_model(model.shape.arch)
+    hf = _stock_class(model).from_pretrained(model.path, dtype=torch.float64)  # the class holds the fused tensors
     save_file({k: v.clone().contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
     other = load_model(fused)
     assert all(torch.equal(other.params[k], v) for k, v in model.params.items())
@@ -136,3 +137,39 @@ def test_transform_then_align_recovers_a(moe, tmp_path):
     shuffled = {k: (v.flip(0) if k.endswith("mlp.gate.weight") else v) for k, v in hf_c.state_dict().items()}
     hf_c.load_state_dict(shuffled)
     assert_different_function(hf_c, hf_b, x, what="the router's rows reversed")
+
+
+def _qwen3_moe_every_other(tmp_path):
+    """A Qwen3-MoE whose decoder_sparse_step (2) makes layer 0 dense (an MLP of width 40) and layer 1 a mixture."""
+    config = make_config("qwen3_moe")
+    config.decoder_sparse_step = 2
+    torch.manual_seed(0)
+    hf = T.Qwen3MoeForCausalLM(config).to(torch.float64)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.5 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
+    hf.save_pretrained(tmp_path / "m")
+    return load_model(tmp_path / "m"), logits(hf.eval(), example_inputs("qwen3_moe"))
+
+
+def test_dense_layers_of_a_mixture(tmp_path):
+    """Qwen3-MoE's dense layers (`decoder_sparse_step`, `mlp_only_layers`) are read as the stock decoder builds
+    them: the FFN group of their own width there, the expert group elsewhere; a random element of every family
+    keeps the stock forward, and a dense layer's FFN permutation left off its down projection does not."""
+    model, stock = _qwen3_moe_every_other(tmp_path)
+    s, spec = model.shape, model.spec
+    assert (s.dense_layers, s.d_mlp_dense, s.d_mlp) == ((0,), 40, 24)
+    assert (spec.groups["blocks.0.ffn"].size, spec.groups["blocks.0.ffn"].batch) == (40, ())
+    assert "blocks.0.experts" not in spec.groups and spec.groups["blocks.1.ffn"].batch == (4,)
+    assert "blocks.0.mlp.W_in" in model.params and "blocks.1.moe.W_router" in model.params
+    ref = _forward(model, model.params)
+    assert_same_function(ref, stock, dtype=torch.float32, what="read and written back")
+    g = random_element(spec, torch.Generator().manual_seed(5))
+    assert_same_function(_forward(model, apply(spec, g, model.params)), ref, dtype=torch.float32, what="every family")
+    wrong = _forward(model, apply(_without(spec, ("blocks.0.mlp.W_out",), ".ffn"), g, model.params))
+    assert gap(wrong, ref, dtype=torch.float32) > 100, "the dense layer's units permuted in up and gate, not in down"
+    only = make_config("qwen3_moe")
+    only.mlp_only_layers = [1]
+    assert adapter_for(only).shape(only).dense_layers == (1,)
+    only.num_experts = 0  # no mixture anywhere: Qwen3's dense MLPs, of width intermediate_size
+    assert (adapter_for(only).shape(only).n_experts, adapter_for(only).shape(only).d_mlp) == (0, 40)

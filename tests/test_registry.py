@@ -132,7 +132,7 @@ def test_role_queries_name_each_group_once(arch):
         assert roles.head_permutations == tuple(n for n in (roles.heads, roles.query_heads) if n)
         assert [n for n in named.values() if spec.in_head_circuit(n)] == [*roles.head_permutations, *roles.head_maps]
         assert [n for n in named.values() if spec.is_head_permutation(n)] == list(roles.head_permutations)
-        assert (roles.experts is not None) == bool(s.n_experts)
+        assert (roles.experts is not None) == s.experts_in(i)
         assert [n for n in named.values() if spec.is_expert_permutation(n)] == [n for n in [roles.experts] if n]
     scale = [n for n, g in spec.groups.items() if g.family == "residual_scale"]
     assert spec.residual_scales(spec.groups) == scale and len(scale) == int(s.residual_scale)

@@ -47,8 +47,8 @@ class HookPoints:
     - `ffn_hidden`: the module whose *input* is the FFN hidden vector (the down projection), its
       last axis the canonical `d_mlp` axis;
     - `moe_input`: in a mixture of experts, the sparse block whose *input* `[batch, seq, d]` is the normalised
-      stream its router and experts read (None: a dense FFN; `ffn_hidden` is then not hooked: the experts'
-      units are computed from it, `match/activation_experts.py`);
+      stream its router and experts read, hooked in the layers that are mixtures (`ModelShape.experts_in`;
+      `ffn_hidden` in the others): the experts' units are computed from it (`match/activation_experts.py`);
     - `block`: layer i's block module, an entry of a module list (learned matching runs it on its own,
       `match/blockwise.py`): the parameters under it are exactly what `Adapter.block_from_canonical(.., i)`
       returns, and the top-level forward calls it once, reading nothing of its parameters itself;

@@ -25,7 +25,7 @@ import dataclasses
 import torch
 
 from ..algebra.shape import ModelShape
-from .base import HookPoints, require
+from .base import HookPoints
 from .llama import DECODER_HOOKS, LlamaAdapter
 from .qwen3 import Qwen3Adapter
 
@@ -50,12 +50,16 @@ class MixtureOfExperts:
                                    experts_per_token=c.num_experts_per_tok, d_mlp=getattr(c, self.d_mlp_key))
 
     def mlp_to_canonical(self, get, s, i):
+        if not s.experts_in(i):  # a dense layer of a mixture (Qwen3-MoE's mlp_only_layers): the family's MLP
+            return super().mlp_to_canonical(get, s, i)
         hf = f"model.layers.{i}"
         gate_up = get(f"{hf}.mlp.experts.gate_up_proj")  # [E, 2 d_mlp, d]: gate rows, then up rows
         return moe_to_canonical(i, get(f"{hf}.mlp.gate.weight"), gate_up[:, : s.d_mlp], gate_up[:, s.d_mlp:],
                                 get(f"{hf}.mlp.experts.down_proj"), get(f"{hf}.post_attention_layernorm.weight"))
 
     def mlp_from_canonical(self, params, s, i):
+        if not s.experts_in(i):
+            return super().mlp_from_canonical(params, s, i)
         hf, p = f"model.layers.{i}", f"blocks.{i}.moe"
         return {f"{hf}.mlp.gate.weight": params[f"{p}.W_router"],
                 f"{hf}.mlp.experts.gate_up_proj": torch.cat([params[f"{p}.W_gate"], params[f"{p}.W_in"]], dim=1),
@@ -84,7 +88,9 @@ class OlmoeAdapter(MixtureOfExperts, LlamaAdapter):
 
 
 class Qwen3MoeAdapter(MixtureOfExperts, Qwen3Adapter):
-    """Qwen3-MoE: Qwen3's QK-norm per head; experts of width `moe_intermediate_size` in every layer."""
+    """Qwen3-MoE: Qwen3's QK-norm per head; experts of width `moe_intermediate_size` in the sparse layers, a dense
+    gated MLP of width `intermediate_size` in the others: layer i is sparse unless it is in `mlp_only_layers` or
+    `(i + 1) % decoder_sparse_step` is not 0 (or there are no experts), as the stock decoder layer decides."""
 
     name = "qwen3_moe"
     hf_classes = ("Qwen3MoeForCausalLM",)
@@ -92,7 +98,9 @@ class Qwen3MoeAdapter(MixtureOfExperts, Qwen3Adapter):
     function_keys = (*LlamaAdapter.function_keys, "norm_topk_prob")
 
     def shape(self, c) -> ModelShape:
-        dense = [i for i in range(c.num_hidden_layers) if i in (c.mlp_only_layers or []) or (i + 1) % c.decoder_sparse_step]
-        require(not dense, f"Qwen3MoeForCausalLM with dense MLP layers ({dense}: mlp_only_layers, decoder_sparse_step) "
-                "is not supported yet; symmerge reads a mixture of experts in every layer")
-        return super().shape(c)
+        dense = tuple(i for i in range(c.num_hidden_layers) if i in (c.mlp_only_layers or []) or not c.num_experts
+                      or (i + 1) % c.decoder_sparse_step)
+        s = super().shape(c)
+        if len(dense) == c.num_hidden_layers:  # no mixture anywhere: Qwen3's dense MLPs
+            return dataclasses.replace(s, n_experts=0, experts_per_token=0, d_mlp=c.intermediate_size)
+        return dataclasses.replace(s, dense_layers=dense, d_mlp_dense=c.intermediate_size if dense else 0)

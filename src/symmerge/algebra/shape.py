@@ -43,6 +43,18 @@ class ModelShape:
     #: of which a router (a reader of the stream, one logit per expert) picks `experts_per_token` per token
     n_experts: int = 0
     experts_per_token: int = 0
+    #: a mixture of experts' layers that keep a dense gated MLP, of width `d_mlp_dense` (Qwen3-MoE's
+    #: `mlp_only_layers` and `decoder_sparse_step`); the other layers are mixtures
+    dense_layers: tuple[int, ...] = ()
+    d_mlp_dense: int = 0
+
+    def experts_in(self, i: int) -> bool:
+        """Whether layer i's FFN is a mixture of experts."""
+        return self.n_experts > 0 and i not in self.dense_layers
+
+    def ffn_width(self, i: int) -> int:
+        """Layer i's FFN width: each expert's in a mixture, the dense MLP's otherwise."""
+        return self.d_mlp_dense if self.n_experts and i in self.dense_layers else self.d_mlp
 
     @property
     def q_per_kv(self) -> int:

@@ -230,15 +230,15 @@ def _block_groups(s: ModelShape, i: int, groups: dict) -> None:
         r.ov, OV_MAP, "invertible", dh, batch=(nkv,), constraints=clip, layer=i, indexed_by=r.heads,
         note="values are mixed linearly" + (", shared by a GQA group" if s.q_per_kv > 1 else "") + clip_note,
     )
-    if s.n_experts:
+    if s.experts_in(i):
         from .spec_experts import expert_groups
 
         groups.update(expert_groups(s, i, r))
         return
-    groups[r.ffn] = G.Group(r.ffn, FFN_PERM, "permutation", s.d_mlp, layer=i,
+    groups[r.ffn] = G.Group(r.ffn, FFN_PERM, "permutation", s.ffn_width(i), layer=i,
                                  note="the activation acts elementwise")
     if s.gated:
-        groups[r.glu] = G.Group(r.glu, GLU_SCALE, "diagonal", s.d_mlp, layer=i, indexed_by=r.ffn,
+        groups[r.glu] = G.Group(r.glu, GLU_SCALE, "diagonal", s.ffn_width(i), layer=i, indexed_by=r.ffn,
                                      note="act(gate) * up is linear in up")
 
 
@@ -294,7 +294,7 @@ def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
         + ([Action(GLU, 1, "inv_t")] if s.gated else []),
         f"{p}.mlp.b_out": _residual_actions(s, 0, False),
     }
-    if s.n_experts:
+    if s.experts_in(i):
         from .spec_experts import expert_actions
 
         a = {k: v for k, v in a.items() if ".mlp." not in k}

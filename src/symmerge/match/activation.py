@@ -84,7 +84,7 @@ def _hook_points(model: Model) -> list[tuple[str, tuple, bool]]:
     ins = hooks.reads_inputs
     points = [(n, ("norm", n), ins) for h in layers for n in h.norms] + [(hooks.final_norm, ("norm", hooks.final_norm), False)]
     points += [(h.attn_norm, ("x_attn", i), ins) for i, h in enumerate(layers)]
-    return points + [(h.moe_input, ("moe_x", i), True) if h.moe_input else (h.ffn_hidden, ("ffn", i), True)
+    return points + [(h.moe_input, ("moe_x", i), True) if model.shape.experts_in(i) else (h.ffn_hidden, ("ffn", i), True)
                      for i, h in enumerate(layers)]
 
 

@@ -129,7 +129,7 @@ class Runner:
         block, prefix = self.blocks[i], h.block + "."
         local = lambda n: block.get_submodule(n[len(prefix):])  # noqa: E731
         handles = [hook_stream(local(n), lambda t, n=n: keep(("norm", n), t), h.reads_inputs) for n in h.norms]
-        handles.append(hook_stream(local(h.moe_input), lambda t: keep("moe_x", t), True) if h.moe_input
+        handles.append(hook_stream(local(h.moe_input), lambda t: keep("moe_x", t), True) if self.shape.experts_in(i)
                        else hook_stream(local(h.ffn_hidden), lambda t: keep("ffn", t), True))
         handles.append(local(h.attention).register_forward_hook(lambda m, a, o: keep("pattern", o[1])))
         try:
@@ -241,7 +241,7 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         one = torch.ones(xa.shape[0], 1, dtype=xa.dtype, device=xa.device)
         z = torch.cat([xa, one, xb, one], 1)  # [tokens, 2d + 2]
         moment += z.T @ z
-        if h.moe_input:
+        if spec.shape.experts_in(i):
             moe_x[0].append(tokens(seen[("A", "moe_x")], mask))
             moe_x[1].append(tokens(seen[("B", "moe_x")], mask))
         else:
@@ -268,7 +268,7 @@ def _layer(spec, chosen, g, fit, i, ra, rb, pa, pb, streams, res: _Residual, sca
         return out[0], out[1], out[2], out[3]
 
     head_maps(spec, chosen, g, i, sides)
-    if h.moe_input:
+    if spec.shape.experts_in(i):
         expert_step(spec, chosen, g, fit, *moe_x, pa, pb, i)
         return
     corr, rms_a, rms_b = (t.cpu() for t in ffn.correlation())

@@ -55,9 +55,10 @@ from .parts import ModelParts, Params
 SAME = {"arch": "architectures", "hf_class": "classes", "n_layers": "layer counts", "vocab": "vocabularies (or classes)",
         "norm": "normalisations", "gated": "MLP kinds", "parallel": "residual layouts", "rotary_layout": "RoPE layouts",
         "activation": "activations", "clip_qkv": "clip_qkv", "n_positions": "position counts",
-        "eps_in_config": "eps handling", "qk_norm": "QK-norms", "experts_per_token": "experts per token"}
+        "eps_in_config": "eps handling", "qk_norm": "QK-norms", "experts_per_token": "experts per token",
+        "dense_layers": "dense layers of a mixture of experts"}
 #: widths that may only grow from NARROW to WIDE
-WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp")
+WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp", "d_mlp_dense")
 
 
 @dataclass(frozen=True)

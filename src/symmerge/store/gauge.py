@@ -34,7 +34,7 @@ def reader_slots(s, i: int) -> dict[str, tuple[tuple[str, str | None], ...]]:
     p = f"blocks.{i}"
     attn = tuple((f"{p}.attn.W_{n}", f"{p}.attn.b_{n}") for n in "QKV")
     mlp = ((f"{p}.mlp.W_in", f"{p}.mlp.b_in"),) + (((f"{p}.mlp.W_gate", f"{p}.mlp.b_gate"),) if s.gated else ())
-    if s.n_experts:  # the router and every expert's up and gate, [.., d_model]: the residual axis last
+    if s.experts_in(i):  # the router and every expert's up and gate, [.., d_model]: the residual axis last
         mlp = tuple((f"{p}.moe.W_{n}", None) for n in ("router", "in", "gate"))
     return {f"{p}.ln1": attn, f"{p}.ln2": mlp}
 
