@@ -55,7 +55,9 @@ def main() -> None:
     print(f"plain averaging: {test_barrier(a.params, b.params)}", flush=True)
     t0 = time.perf_counter()
     wm = weight_match(a.spec, a.params, b.params).g
-    print(f"weight matching ({time.perf_counter() - t0:.1f} s): {test_barrier(a.params, apply(b.spec, wm, b.params), 'weight matching')}", flush=True)
+    seconds = time.perf_counter() - t0
+    print(f"weight matching ({seconds:.1f} s): {test_barrier(a.params, apply(b.spec, wm, b.params), 'weight matching')}",
+          flush=True)
     for start, init in (("identity", None), ("weight matching", wm)):
         for method in ("learned", "dual"):
             t0 = time.perf_counter()

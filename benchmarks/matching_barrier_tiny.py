@@ -53,12 +53,14 @@ def main() -> None:
         r = weight_match(b.spec, a.params, b.params, fams, max_iters=20)
         print(f"weight matching, {name}: {len(r.history) - 1} sweeps, {time.perf_counter() - t0:.1f} s, similarity "
               f"{r.history[0]:.4f} -> {r.history[-1]:.4f}; "
-              f"{test_barrier(apply(b.spec, r.g, b.params), f'weight matching ({len(r.history) - 1} sweeps)', name, f'{time.perf_counter() - t0:.1f} s', f'{r.history[-1]:.4f}')}", flush=True)
+              + test_barrier(apply(b.spec, r.g, b.params), f"weight matching ({len(r.history) - 1} sweeps)", name,
+                             f"{time.perf_counter() - t0:.1f} s", f"{r.history[-1]:.4f}"), flush=True)
         t0 = time.perf_counter()
         r = activation_match(a, b, train, fams)
         seconds = f"{time.perf_counter() - t0:.1f} s"
         print(f"activation matching, {name}: {seconds}, {r.extra['fit'].get('tokens')} tokens, weight similarity "
-              f"{r.history[-1]:.4f}; {test_barrier(apply(b.spec, r.g, b.params), 'activation matching', name, seconds, f'{r.history[-1]:.4f}')}",
+              f"{r.history[-1]:.4f}; "
+              + test_barrier(apply(b.spec, r.g, b.params), "activation matching", name, seconds, f"{r.history[-1]:.4f}"),
               flush=True)
     key = f"{Path(args.a).name} vs {Path(args.b).name}"
     record.save(args.results, "matching_barrier_tiny", key, key, [record.table(

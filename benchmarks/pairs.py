@@ -4,7 +4,8 @@ A benchmark's inputs are named in its result file (`inputs`) and in its section 
 `python benchmarks/pairs.py NAME ...` trains them, one model at a time, at the thread count given (the
 recorded models were trained at 1 thread: training's last bits depend on the count). A model whose
 folder already holds `model.safetensors` is skipped. What each model reached (final training loss,
-validation and test loss and accuracy, from its `symmerge.json`) is recorded in `results/pairs.json`. Data lies beside the checkout (`../shared/data`,
+validation and test loss and accuracy, from its `symmerge.json`) is recorded in `results/pairs.json`. Data lies
+beside the checkout (`../shared/data`,
 or `--data-root`).
 
     python benchmarks/pairs.py --list                       # every name, its models and commands

@@ -101,7 +101,6 @@ def test_the_next_block_is_gathered_ahead(stores, dist_pair):
 def test_align_sharded_under_torchrun(dist_pair, one_process, half_rows, tmp_path):
     """The command line under 2 processes with the endpoints sharded takes the one-process steps; a mesh of
     3 does not divide 2 processes: one line on rank 0, exit 2 on both, nothing written, no temporary folder."""
-    from symmerge.cli import main
 
     bad = tmp_path / "bad"
     bad.mkdir()

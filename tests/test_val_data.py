@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from learned_common import char_pair
-
 from symmerge import cli
 from symmerge.data.batches import load_batches
 

@@ -5,7 +5,8 @@ counts, for `symmerge train` and for learned matching's checkpoints.
 each state entry k as `{prefix}{names[i]}.{k}`; `restore_optimizer` puts exactly those entries back (a
 parameter with no saved entries keeps an empty state, as before its first step). The round trip is exact:
 entries come back as copies on their parameter's device, floating moments in its dtype (a checkpoint written
-on one device resumes on another), and `step` as it was saved, as `Optimizer.load_state_dict` places them. It does not carry the groups' hyperparameters (learning rates, betas), which
+on one device resumes on another), and `step` as it was saved, as `Optimizer.load_state_dict` places them. It does
+not carry the groups' hyperparameters (learning rates, betas), which
 their owners save and restore themselves. A name must not end in an entry's name after a dot of its own.
 """
 
