@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from checks import assert_different_function, assert_same_function, stock
 from conftest import shared_data
@@ -39,6 +40,10 @@ def test_interpolate_same_model_is_identity(model_dirs):
     for k, v in a.params.items():
         assert torch.allclose(mid[k], v, rtol=0, atol=1e-15), k
     assert interpolate(a.params, a.params, 0.0) is not a.params
+    # negative control: B = A with its largest tensor doubled: the midpoint moves by 0.37 of that tensor
+    key = max(a.params, key=lambda k: float(a.params[k].abs().max()))
+    moved = interpolate(a.params, {**a.params, key: 2 * a.params[key]}, 0.37)
+    assert float((moved[key] - a.params[key]).abs().max()) > 0.3 * float(a.params[key].abs().max()) > 1e-15
 
 
 def test_barrier_of_a_model_with_itself_is_zero(trained_gpt2):
@@ -47,6 +52,10 @@ def test_barrier_of_a_model_with_itself_is_zero(trained_gpt2):
     r = barrier(a, a, batches, points=5, progress=False)
     assert abs(r["barrier"]) < 1e-6 and abs(r["accuracy_barrier"]) < 1e-9
     assert len(r["lambdas"]) == 5 and max(r["loss"]) - min(r["loss"]) < 1e-6
+    # negative control: a transformed copy of A as B (plain averaging is off the line) on one batch
+    b = load_model(path)
+    b.params = apply(b.spec, random_element(a.spec, torch.Generator().manual_seed(0), spread=8.0), a.params)
+    assert barrier(a, b, batches[:1], points=3, progress=False)["barrier"] > 0.05
 
 
 def test_barrier_endpoints_equal_stock_forward(trained_gpt2):
@@ -63,8 +72,12 @@ def test_barrier_endpoints_equal_stock_forward(trained_gpt2):
     assert len(batches) >= 10
     stock = T.GPT2LMHeadModel.from_pretrained(path).eval()
     with torch.no_grad():
-        losses = [float(stock(**bt).loss) for bt in batches]  # HF's own shifted cross-entropy
+        outs = [stock(**bt) for bt in batches]
+    losses = [float(o.loss) for o in outs]  # HF's own shifted cross-entropy
     mean = sum(losses) / len(losses)  # equal-sized batches: mean of means = mean per token
+    # negative control: the cross-entropy with the labels not shifted (each position scored on its own token)
+    unshifted = sum(float(F.cross_entropy(o.logits.flatten(0, 1), bt["labels"].flatten()))
+                    for o, bt in zip(outs, batches)) / len(batches)
     a = load_model(path)
     barriers = []
     for seed in (0, 1, 2):
@@ -72,6 +85,7 @@ def test_barrier_endpoints_equal_stock_forward(trained_gpt2):
         b.params = apply(b.spec, random_element(a.spec, torch.Generator().manual_seed(seed), spread=8.0), a.params)
         r = barrier(a, b, batches, points=3, progress=False)
         assert abs(r["loss"][0] - mean) < 1e-4 and abs(r["loss"][-1] - mean) < 1e-4, (seed, r)
+        assert abs(r["loss"][0] - unshifted) > 0.1, (unshifted, r)
         assert r["barrier_lambda"] == 0.5 and r["barrier"] > 5 * r["loss_se"][1], (seed, r)
         barriers.append(r["barrier"])
     assert sum(barriers) / len(barriers) > 0.2, barriers
@@ -153,6 +167,7 @@ def test_barrier_cli_json_plot_and_errors(trained_gpt2, model_dirs, tmp_path, ca
         assert key in r
     assert r["lambdas"] == [0.0, 0.25, 0.5, 0.75, 1.0] and len(r["loss"]) == 5
     assert abs(r["loss"][0] - r["loss"][-1]) < 1e-4  # the transformed copy computes the same function
+    assert abs(r["loss"][2] - r["loss"][0]) > 1e-2  # negative control: the midpoint, another function
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 
     capsys.readouterr()
@@ -184,6 +199,7 @@ def test_barrier_on_checkpoints_symmerge_did_not_train(tmp_path, capsys):
     with torch.no_grad():
         loss = sum(float(stock(**b).loss) for b in batches) / len(batches)
     assert abs(r["loss"][0] - loss) < 1e-5
+    assert abs(r["loss"][-1] - loss) > 1e-3  # negative control: the other endpoint, another model
 
 
 def test_planted_element_aligned_back_has_no_barrier(trained_gpt2, tmp_path):

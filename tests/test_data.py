@@ -110,6 +110,8 @@ def test_text_splits_deterministic_disjoint_and_cover(tmp_path, text, text_file)
     assert [len(parts[s]) for s in ("train", "validation", "test")] == [n - 2 * round(0.05 * n), round(0.05 * n), round(0.05 * n)]
     again = load_batches(model, str(text_file), "test", 4)
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(again, load_batches(model, str(text_file), "test", 4)))
+    other = load_batches(model, str(text_file), "validation", 4)  # negative control: another split's windows
+    assert not torch.equal(again[0]["input_ids"], other[0]["input_ids"])
     batch = load_batches(model, str(text_file), "train", 3, seq_len=16, max_batches=2)
     assert len(batch) == 2 and batch[0]["input_ids"].shape == (3, 16)
     assert torch.equal(batch[0]["labels"], batch[0]["input_ids"])  # HF shift convention
@@ -174,6 +176,8 @@ def test_evaluate_params_uses_the_given_parameters(tmp_path, text, text_file):
 def test_evaluate_vit_equals_hand_loss(tmp_path):
     path = vit_folder(tmp_path / "v")
     model = T.ViTForImageClassification.from_pretrained(path).eval()
+    with torch.no_grad():  # a sharper head: an untrained ViT's logits are so flat its loss hardly sees the labels
+        model.classifier.weight.mul_(30)
     batches = load_batches(path, "digits", "test", 60)
     res = evaluate(model, batches)
     with torch.no_grad():
@@ -182,6 +186,10 @@ def test_evaluate_vit_equals_hand_loss(tmp_path):
     assert res["loss"] == pytest.approx(float(F.cross_entropy(logits, labels)), abs=1e-5)
     assert res["accuracy"] == pytest.approx(float((logits.argmax(-1) == labels).double().mean()), abs=1e-12)
     assert res["n_items"] == len(labels) == 180
+    # negative control: the labels shifted by one image (scored against a neighbour's label)
+    wrong = labels.roll(1)
+    assert abs(res["loss"] - float(F.cross_entropy(logits, wrong))) > 1e-3
+    assert abs(res["accuracy"] - float((logits.argmax(-1) == wrong).double().mean())) > 1e-3
 
 
 # ---------------------------------------------------------------- images
@@ -209,6 +217,8 @@ def test_preprocessing_matches_vit_image_processor():
         ours = preprocess(x[:6], cfg, size, 1)
         assert ours.shape == ref.shape == (6, 1, size, size)
         assert float((ours - ref).abs().max()) < tol
+        wrong = preprocess(x[:6], processor_config(size, 1, 0.35, 0.3), size, 1)  # negative control: mean and std swapped
+        assert float((wrong - ref).abs().max()) > 10 * tol
     three = preprocess(x[:2], processor_config(28, 3), 28, 3)
     assert three.shape == (2, 3, 28, 28) and torch.equal(three[:, 0], three[:, 2])
 
@@ -286,6 +296,8 @@ def test_cli_eval_prints_and_writes_json(tmp_path, text, text_file, capsys):
     rec = json.loads(out.read_text())
     model = T.AutoModelForCausalLM.from_pretrained(path)
     assert rec["loss"] == pytest.approx(evaluate(model, load_batches(path, str(text_file), "test", 4, max_batches=3))["loss"], abs=1e-6)
+    # negative control: the same windows of another split
+    assert abs(rec["loss"] - evaluate(model, load_batches(path, str(text_file), "validation", 4, max_batches=3))["loss"]) > 1e-4
     assert "loss/token" in capsys.readouterr().out
     assert main(["eval", str(tmp_path / "nope"), "--data", str(text_file)]) == 2
     assert "not a folder" in capsys.readouterr().err

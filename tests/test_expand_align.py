@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as T
 
-from checks import assert_same_function, stock
+from checks import assert_different_function, assert_same_function, stock, with_tensor_of
 from factories import example_inputs, make_config, make_model, rel_distance
 from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
@@ -79,6 +79,9 @@ def test_interpolate_mixed_widths_expands_the_narrow_end(planted, tmp_path):
         assert main(["interpolate", str(root / "wide"), str(root / "narrow"), "--lam", str(lam), "-o", str(out)]) == 0
         assert stock(out).config.hidden_size == _wide_config(arch).hidden_size
         assert_same_function(stock(out), stock(root / ref), x, what=f"interpolate λ={lam}")
+    # negative control: the λ = 1 end with one reader of the residual stream taken from the other end (WIDE)
+    assert_different_function(with_tensor_of(stock(tmp_path / "lam1.0"), stock(root / "wide")), stock(root / "narrow"), x,
+                              what="one reader from the other end")
 
 
 def test_barrier_mixed_widths_is_flat_between_a_model_and_its_planted_expansion(planted, tmp_path):
@@ -90,7 +93,14 @@ def test_barrier_mixed_widths_is_flat_between_a_model_and_its_planted_expansion(
                "--points", "3", "--json", str(tmp_path / "b.json")])
     assert rc == 0
     rep = json.loads((tmp_path / "b.json").read_text())
-    assert abs(rep["barrier"]) < 1e-9 and rep["loss"][0] == pytest.approx(rep["loss"][-1], abs=1e-9)
+    # flat: every point, not just the barrier (clipped at the ends, it is 0 on a path that dips as well)
+    assert abs(rep["barrier"]) < 1e-9 and max(rep["loss"]) - min(rep["loss"]) < 1e-9
+    # negative control: WIDE (the expansion moved by a planted element) computes the same function, off the flat path
+    assert main(["barrier", str(root / "narrow"), str(root / "wide"), "--data", str(text), "--max-batches", "2",
+                 "--points", "3", "--json", str(tmp_path / "w.json")]) == 0
+    moved = json.loads((tmp_path / "w.json").read_text())
+    assert moved["loss"][0] == pytest.approx(moved["loss"][-1], abs=1e-5)  # float32 norms: not to the bit
+    assert max(moved["loss"]) - min(moved["loss"]) > 1e-3, moved["loss"]
 
 
 def test_align_refuses_a_pair_that_neither_way_expands(planted, tmp_path, capsys):

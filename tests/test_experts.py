@@ -16,7 +16,7 @@ import torch
 import transformers as T
 from safetensors.torch import save_file
 
-from checks import assert_different_function, assert_same_function, gap
+from checks import assert_different_function, assert_same_function, gap, with_tensor_of
 from factories import EXPERTS, example_inputs, loaded_with_logits, logits, make_config, rel_distance, stock_logits
 from symmerge import cli
 from symmerge.adapters import adapter_for
@@ -108,13 +108,23 @@ def test_per_expert_files_are_read_and_written(moe, tmp_path):
     save_file({k: v.clone().contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
     other = load_model(fused)
     assert all(torch.equal(other.params[k], v) for k, v in model.params.items())
+    # negative control: experts 0 and 1 swapped in the fused tensors read as other parameters
+    swap = {k: v[[1, 0, *range(2, v.shape[0])]].contiguous() if ".experts." in k and v.dim() == 3 else v.clone().contiguous()
+            for k, v in hf.state_dict().items()}
+    save_file(swap, str(fused / "model.safetensors"))
+    swapped = load_model(fused).params
+    assert any(not torch.equal(swapped[k], v) for k, v in model.params.items())
 
     out = tmp_path / "out"
     assert cli.main(["transform", str(model.path), "-o", str(out), "--seed", "3"]) == 0
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert set(f.keys()) - {"lm_head.weight"} == names - {"lm_head.weight"}  # a tied head is written untied
     hf_out = _stock_class(model).from_pretrained(out, experts_implementation="eager").eval()
-    assert_same_function(logits(hf_out, example_inputs(model.shape.arch)), ref, dtype=torch.float32, what="transformed")
+    x = example_inputs(model.shape.arch)
+    assert_same_function(logits(hf_out, x), ref, dtype=torch.float32, what="transformed")
+    # negative control: the written checkpoint with one reader of the residual stream left as A has it
+    hf_a = _stock_class(model).from_pretrained(model.path, experts_implementation="eager").eval()
+    assert_different_function(logits(with_tensor_of(hf_out, hf_a), x), ref, dtype=torch.float32, what="one reader as A's")
 
 
 def test_transform_then_align_recovers_a(moe, tmp_path):

@@ -35,6 +35,11 @@ def assert_close(got, want, tol=1e-5):
     assert float((got - want).abs().max()) <= tol * max(1.0, float(want.abs().max()))
 
 
+def assert_far(got, want):
+    """Negative control for `assert_close`: the logits differ by more than 1e-2 of their scale (1000x its bound)."""
+    assert float((got - want).abs().max()) > 1e-2 * max(1.0, float(want.abs().max()))
+
+
 def plain_average(a, out, arch, dtype=torch.float64):
     """The tensor-wise midpoint of the stock A and OUT (A's tied head read as its embedding), in OUT's config."""
     ma, mo = _stock(a, arch, dtype), _stock(out, arch, dtype)
@@ -50,6 +55,7 @@ def test_aligned_output_averages_like_interpolate(tmp_path, arch):
     x = example_inputs(arch)
     # the same function as B, and A's norm parameters verbatim
     assert_close(logits(_stock(out, arch), x), logits(_stock(b, arch), x))
+    assert_far(logits(_stock(out, arch), x), logits(_stock(a, arch), x))  # negative control: A's function
     gauge = reference_gauge(a)
     sd = _stock(out, arch).state_dict()
     for prefix, gamma, beta in gauge.norms.values():
@@ -65,7 +71,7 @@ def test_aligned_output_averages_like_interpolate(tmp_path, arch):
     m = load_model(out)
     save_model(m, m.params, tmp_path / "canonical")
     assert_close(logits(_stock(tmp_path / "canonical", arch), x), logits(_stock(b, arch), x))
-    assert float((logits(plain_average(a, tmp_path / "canonical", arch), x) - want).abs().max()) > 1e-2
+    assert_far(logits(plain_average(a, tmp_path / "canonical", arch), x), want)
 
 
 def test_streamed_and_in_memory_outputs_agree(tmp_path):
@@ -73,8 +79,13 @@ def test_streamed_and_in_memory_outputs_agree(tmp_path):
     a, b, out = aligned_pair(tmp_path, "gpt_neox")
     m = load_model(out)
     save_model(m, m.params, tmp_path / "again", gauge=reference_gauge(a))
-    for k, v in _stock(out, "gpt_neox").state_dict().items():
-        assert torch.allclose(v, _stock(tmp_path / "again", "gpt_neox").state_dict()[k], atol=1e-12, rtol=0), k
+    written, again = _stock(out, "gpt_neox").state_dict(), _stock(tmp_path / "again", "gpt_neox").state_dict()
+    for k, v in written.items():
+        assert torch.allclose(v, again[k], atol=1e-12, rtol=0), k
+    # negative control: the in-memory export without A's gauge (canonical form) writes other tensors
+    save_model(m, m.params, tmp_path / "canonical")
+    canonical = _stock(tmp_path / "canonical", "gpt_neox").state_dict()
+    assert max(float((v - canonical[k]).abs().max()) for k, v in written.items()) > 1e-2
 
 
 def test_mergekit_config_beside_output(tmp_path):
@@ -97,6 +108,8 @@ def test_zero_norm_weight_falls_back_to_canonical(tmp_path, capsys):
     assert torch.equal(w, torch.ones_like(w))
     x = example_inputs("llama_untied")
     assert_close(logits(_stock(tmp_path / "out", "llama_untied"), x), logits(_stock(b, "llama_untied"), x))
+    # negative control: A's function
+    assert_far(logits(_stock(tmp_path / "out", "llama_untied"), x), logits(_stock(a, "llama_untied"), x))
 
 
 @pytest.mark.parametrize("command,dtype", [("transform", torch.bfloat16), ("interpolate", torch.float16),
@@ -120,6 +133,9 @@ def test_out_dtype(tmp_path, command, dtype):
     err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
     eps = torch.finfo(dtype).eps
     assert err <= 50 * eps
+    # negative control: the other input's function (OUT written from the wrong model)
+    other = logits(_stock(a if source == b else b, "llama_untied"), x)
+    assert float((got - other).abs().max()) / max(1.0, float(want.abs().max())) > 100 * eps
 
 
 def test_tied_llama_stays_tied(tmp_path):
@@ -137,6 +153,9 @@ def test_tied_llama_stays_tied(tmp_path):
         assert model.config.tie_word_embeddings is tied
         assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight) is tied
         assert_close(logits(model, x), want)
+    # negative control: the rotated model written tied after all (its head read as its embedding)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    assert_far(logits(model, x), want)
     m = load_model(src)  # A's own parameters through save_model (in-memory export): tied as well
     save_model(m, m.params, tmp_path / "again")
     assert _stock(tmp_path / "again", "llama").config.tie_word_embeddings is True
@@ -164,6 +183,13 @@ def test_merge_aligned_endpoints_average_to_out(tmp_path, arch):
     sds = [m.state_dict() for m in ends]
     mean.load_state_dict({k: 0.5 * sds[0][k] + 0.3 * sds[1][k] + 0.2 * sds[2][k] for k in sds[0]})
     x = example_inputs(arch)
-    assert_close(logits(mean, x), logits(_stock(out, arch), x))
-    for i, p in enumerate(paths, start=1):
-        assert_close(logits(_stock(aligned / str(i), arch), x), logits(_stock(p, arch), x))
+    want = logits(_stock(out, arch), x)
+    assert_close(logits(mean, x), want)
+    # negative control: the endpoints averaged with the weights reversed (0.2, 0.3, 0.5)
+    mean.load_state_dict({k: 0.2 * sds[0][k] + 0.3 * sds[1][k] + 0.5 * sds[2][k] for k in sds[0]})
+    assert_far(logits(mean, x), want)
+    ins = [logits(_stock(p, arch), x) for p in paths]
+    for i, ref in enumerate(ins, start=1):
+        assert_close(logits(_stock(aligned / str(i), arch), x), ref)
+    # negative control: an endpoint against another input (the aligned endpoints in the wrong order)
+    assert_far(logits(ends[1], x), ins[2])

@@ -116,6 +116,9 @@ def test_streaming_weight_matching_equals_in_memory_and_holds_one_part(tmp_path)
     assert streamed.history == in_memory.history
     assert in_memory.history[-1] > in_memory.history[0] + 0.05  # it did something
     assert all(torch.equal(streamed.g[k], in_memory.g[k]) for k in in_memory.g)
+    # negative control: one sweep fewer (a skipped step) gives another element
+    short = weight_match(A.spec, A.params, B.params, max_iters=2)
+    assert short.history != in_memory.history and not all(torch.equal(short.g[k], in_memory.g[k]) for k in in_memory.g)
     parts, sweeps = A.shape.n_layers + 2, len(streamed.history) - 1
     # the start pass reads every part, each sweep only the blocks (the ends' statistics never change)
     assert src_a.reads == src_b.reads == parts + A.shape.n_layers * sweeps
@@ -180,6 +183,9 @@ def test_weight_matching_device_cpu_equals_the_default(tmp_path):
     placed = weight_match(A.spec, A.params, B.params, max_iters=2, device="cpu")
     assert placed.history == plain.history and plain.history[-1] > plain.history[0]
     assert all(torch.equal(placed.g[k], plain.g[k]) for k in plain.g)
+    # negative control: the same products in float32 (a lost float64 cast) are not the same bits
+    single = weight_match(A.spec, A.params, B.params, max_iters=2, dtype=torch.float32)
+    assert single.history != plain.history
     outs = {}
     for name, extra in (("default", []), ("cpu", ["--device", "cpu"])):
         argv = ["align", str(a), str(b), "-o", str(tmp_path / name), "--max-iters", "2", "--json",
@@ -193,6 +199,9 @@ def test_weight_matching_device_cpu_equals_the_default(tmp_path):
         assert all(torch.allclose(outs["cpu"][k], outs["default"][k], rtol=1e-4, atol=1e-6) for k in outs["default"])
     else:
         assert all(torch.equal(outs["cpu"][k], outs["default"][k]) for k in outs["default"])
+    # negative control: B's own tensors (the alignment skipped) are not what either wrote
+    unaligned = _all_tensors(b)
+    assert any(not torch.allclose(outs["cpu"][k], v, rtol=1e-4, atol=1e-6) for k, v in unaligned.items() if k in outs["cpu"])
 
 
 def test_weight_matching_workers_give_the_same_bits(tmp_path):

@@ -92,6 +92,9 @@ def test_compose_is_sequential_application(arch, loaded):
     twice = apply(model.spec, g2, apply(model.spec, g1, model.params))
     for k in model.params:
         assert torch.allclose(once[k], twice[k], rtol=1e-9, atol=1e-9), k
+    # negative control: composed in the other order (g1 after g2): the groups do not commute
+    swapped = apply(model.spec, compose(model.spec, g1, g2), model.params)
+    assert max(float((swapped[k] - twice[k]).abs().max()) for k in model.params) > 1e-3
 
 
 @pytest.mark.parametrize("arch", ARCHS)
