@@ -82,7 +82,8 @@ def stock(folder):
 
 def assert_reported_gap(row: dict, batch: dict) -> None:
     """An output report row {input, output, max_logit_diff}: OUT computes its input's function (stock
-    `from_pretrained` of both, here), and the reported gap is within the same tolerance."""
+    `from_pretrained` of both, here), and the reported gap is within the same tolerance. Negative control: where
+    OUT's first attention reader moved, OUT with that reader as its input has it computes another function."""
     from pathlib import Path
 
     source, output = stock(Path(row["input"])), stock(Path(row["output"]))
@@ -91,6 +92,21 @@ def assert_reported_gap(row: dict, batch: dict) -> None:
     assert_same_function(output, ref, inputs, dtype=precision(source), what=row["output"])
     tol = tolerance(precision(source), ref)
     assert row["max_logit_diff"] <= tol, f"reported gap {row['max_logit_diff']:.3e} > tolerance {tol:.3e}"
+    if _reader_moved(output, source):  # else that reader is its input's: nothing to put back
+        assert_different_function(with_tensor_of(output, source), ref, inputs, dtype=precision(source),
+                                  what=f"{row['output']} with one reader as its input has it")
+
+
+def _reader_key(sd: dict, layer: int = 0) -> str:
+    names = ("q_proj.weight", "qkv_proj.weight", "query.weight", "c_attn.weight", "query_key_value.weight")
+    return next(k for k in sd if f".{layer}." in k and k.endswith(names))
+
+
+def _reader_moved(model, source) -> bool:
+    """Whether `with_tensor_of(model, source)` replaces a tensor moved by over 10% of its norm."""
+    sd, ref = model.state_dict(), source.state_dict()
+    key = _reader_key(sd)
+    return float((sd[key].double() - ref[key].double()).norm()) > 0.1 * float(ref[key].double().norm())
 
 
 def with_tensor_of(model, other, layer: int = 0):
@@ -100,7 +116,7 @@ def with_tensor_of(model, other, layer: int = 0):
 
     out = copy.deepcopy(model)
     sd = out.state_dict()
-    names = ("q_proj.weight", "qkv_proj.weight", "query.weight", "c_attn.weight", "query_key_value.weight")
-    key = next(k for k in sd if f".{layer}." in k and k.endswith(names))
+    key = _reader_key(sd, layer)
     out.load_state_dict({**sd, key: other.state_dict()[key]})
     return out
+

@@ -30,6 +30,7 @@ def test_demo_runs_every_method_and_reuses_the_pair(tmp_path, capsys):
         assert len(r["lambdas"]) == 11 and r["lambdas"][0] == 0.0 and r["lambdas"][-1] == 1.0
     plain, weight = report["results"][0], report["results"][1]
     assert abs(plain["loss"][0] - weight["loss"][0]) < 1e-6 and abs(plain["loss"][-1] - weight["loss"][-1]) < 1e-4
+    assert abs(plain["loss"][5] - weight["loss"][5]) > 1e-3  # negative control: the midpoints, other models
     assert (out / "demo-barriers.png").read_bytes()[:4] == b"\x89PNG"
 
     # a second run with the same settings reuses the trained pair; other settings need --force

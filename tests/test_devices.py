@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from factories import nudged_copy
 from symmerge import SymmergeError
 from symmerge.cli import main
 from symmerge.match.learn_config import LearnConfig
@@ -148,9 +149,13 @@ def test_train_in_float16_scales_the_loss_and_resumes_bit_exactly(lab, tmp_path)
     assert state["scaler"]["scale"] > 0 and state["run"]["dtype"] == "float16"
     with pytest.raises(SymmergeError, match="different settings"):  # another dtype is another run
         _train(tmp_path / "cut", lab["text"], 0, resume=True, **kw)
+    nudged = nudged_copy(tmp_path / "cut", tmp_path / "nudged")
     cut = _train(tmp_path / "cut", lab["text"], 0, dtype="float16", resume=True, **kw)
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(cut / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # negative control: the saved state moved, the resumed run ends elsewhere (it continues from its state)
+    moved = load_file(str(_train(nudged, lab["text"], 0, dtype="float16", resume=True, **kw) / "model.safetensors"))
+    assert any(not torch.equal(a[k], moved[k]) for k in a)
 
 
 def test_align_learned_in_bfloat16_runs_there_and_writes_the_inputs_dtype(lab, tmp_path):

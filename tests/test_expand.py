@@ -121,6 +121,9 @@ def test_layernorm_embedding_keeps_the_stream_mean_free():
         assert (P @ torch.ones(d, dtype=torch.float64) - math.sqrt(d / D)).abs().max() < 1e-14
         x = torch.randn(d, dtype=torch.float64, generator=torch.Generator().manual_seed(d))
         assert abs(float((P @ (x - x.mean())).sum())) < 1e-13
+        if d < D:  # negative control: the uncentred embedding (zero padding) does not map 1_d to sqrt(d/D) 1_D
+            U = residual_embedding(d, D, centred=False)
+            assert (U @ torch.ones(d, dtype=torch.float64) - math.sqrt(d / D)).abs().max() > 1e-2
 
 
 def _expanded_with(narrow_dir, wide_config, tmp_path, **wrong):

@@ -17,6 +17,7 @@ from factories import example_inputs, loaded_with_logits, logits, make_model, st
 from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.cli import main
+from symmerge.evaluation.forward import interpolate
 from symmerge.store.model import LazyModel
 
 F32 = torch.float32
@@ -71,8 +72,11 @@ def test_what_the_stock_forward_scales_matters(key, value):
 def test_a_planted_copy_keeps_the_function_and_merges_back(gemma, tmp_path):
     model, ref, arch = gemma
     g = random_element(model.spec, torch.Generator().manual_seed(3))
-    assert_same_function(stock_logits(model, apply(model.spec, g, model.params), example_inputs(arch)), ref, dtype=F32,
-                         what="every group")
+    moved = apply(model.spec, g, model.params)
+    assert_same_function(stock_logits(model, moved, example_inputs(arch)), ref, dtype=F32, what="every group")
+    # negative control: the plain average of A and g.A (the merge without its alignment)
+    assert_different_function(stock_logits(model, interpolate(model.params, moved, 0.5), example_inputs(arch)), ref,
+                              dtype=F32, what="plain average")
     out = tmp_path / "b"
     assert main(["transform", str(model.path), "-o", str(out), "--seed", "3"]) == 0
     assert main(["merge", str(model.path), str(out), "-o", str(tmp_path / "m")]) == 0

@@ -46,7 +46,9 @@ def test_many_model_resume_equals_uninterrupted(tmp_path):
     whole = learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "whole")
     with pytest.raises(Interrupted, match="--resume"):
         learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "cut", on_step=lambda s: s == 3)
-    resumed = learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "cut", resume=True)
+    taken = []
+    resumed = learn_many(models, weights, train, val, _cfg(), checkpoint=tmp_path / "cut", resume=True, on_step=taken.append)
+    assert taken == [4, 5, 6], taken  # resumed, not started over (a deterministic rerun would be equal too)
     for i, g in enumerate(whole.elements):
         for k, t in g.items():
             assert torch.equal(t, resumed.elements[i][k]), (i, k)

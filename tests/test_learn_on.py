@@ -79,7 +79,9 @@ def test_resume_within_the_extension_equals_uninterrupted(pair, tmp_path):
     cut_at = PLANNED + 1
     with pytest.raises(Interrupted):
         learn(a, b, train, val, _cfg(), checkpoint=tmp_path / "cut", on_step=lambda step: step == cut_at)
-    resumed = learn(a, b, train, val, _cfg(), checkpoint=tmp_path / "cut", resume=True)
+    taken = []
+    resumed = learn(a, b, train, val, _cfg(), checkpoint=tmp_path / "cut", resume=True, on_step=taken.append)
+    assert taken[0] == cut_at + 1, taken  # resumed, not started over (a deterministic rerun would be equal too)
     for n, t in whole.elements["B"].items():
         assert torch.equal(t, resumed.elements["B"][n]), n
     assert whole.report["history"] == resumed.report["history"]

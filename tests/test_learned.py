@@ -77,10 +77,13 @@ def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
     with pytest.raises(Interrupted, match="--resume"):
         learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", on_step=lambda step: step == 4)
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["plan.json", "state.json", "state.safetensors"]  # no pickles
-    resumed = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", resume=True)
+    taken = []
+    resumed = learn(a, b, train, val, cfg, init=init, checkpoint=tmp_path / "cut", resume=True, on_step=taken.append)
     for n, t in whole.elements["B"].items():
         assert torch.equal(t, resumed.elements["B"][n]), n
     assert whole.report["history"] == resumed.report["history"]
+    # a deterministic run started over would be equal too: the resumed one took only the steps after the cut
+    assert taken == [5, 6, 7, 8], taken
     # negative control: another seed takes other batches and lambdas, so the result differs
     other = learn(a, b, train + lm_batches(2, 5), val, dataclasses.replace(cfg, seed=12), init=init)
     assert not torch.equal(other.elements["B"]["residual.rotation"], whole.elements["B"]["residual.rotation"])
@@ -325,6 +328,10 @@ def test_lap_shortcut_equals_the_exact_assignment():
         rows, cols = linear_sum_assignment(x.numpy(), maximize=True)
         assert sorted(p.tolist()) == list(range(40))
         assert float(x[torch.arange(40), p].sum()) == pytest.approx(float(x.numpy()[rows, cols].sum()), abs=1e-12)
+        # negative control: the assignment with two rows' columns exchanged totals clearly less
+        q = p.clone()
+        q[[0, 1]] = p[[1, 0]]
+        assert float(x[torch.arange(40), q].sum()) < float(x.numpy()[rows, cols].sum()) - 1e-6
     assert lap(competing).shape == (3, 40)
 
 

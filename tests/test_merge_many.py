@@ -121,6 +121,8 @@ def test_objective_never_decreases_and_matches_its_definition(tmp_path):
                for i in range(3) for j in range(i + 1, 3) for k in names)
     norm = sum(w[i] * float((models[i].params[k] ** 2).sum()) for i in range(3) for k in names)
     assert objective(spec, [m.params for m in models], res.elements, w) == pytest.approx(1 - pair / norm, rel=1e-12)
+    # negative control: the objective with the weights ignored (equal weights)
+    assert objective(spec, [m.params for m in models], res.elements, [1 / 3] * 3) != pytest.approx(1 - pair / norm, rel=1e-6)
     assert h[-1] == pytest.approx(1 - pair / norm, rel=1e-12)
 
 
@@ -135,6 +137,9 @@ def test_many_barrier_api_uses_the_weights(planted):
     models = [load_model(p) for p in paths]
     r = many_barrier(models, batches[:2], [1.0, 0.0, 0.0], points=2, simplex_points=2, progress=False)
     assert r["average_excess"] == pytest.approx(0.0, abs=1e-12)  # the average is A itself
+    # negative control: equal weights (the weights ignored): the average of the unaligned three is well above
+    uniform = many_barrier(models, batches[:2], [1 / 3] * 3, points=2, simplex_points=2, progress=False)
+    assert uniform["average_excess"] > 0.05, uniform["average_excess"]
 
 
 def _readme_block(lang: str, title: str) -> str:

@@ -214,6 +214,8 @@ def test_activation_objective_never_decreases_and_is_the_average_loss(tmp_path):
         loss = sum(float(hf(**b).loss) for b in batches) / len(batches)
     assert -h[-1] == pytest.approx(loss, abs=1e-9)
     assert average_loss(models, res.elements, w, batches) == pytest.approx(loss, abs=1e-9)
+    # negative control: the weights in another order give another average and loss
+    assert abs(average_loss(models, res.elements, [0.3, 0.3, 0.4], batches) - loss) > 1e-4
 
 
 def test_cli_merge_by_every_data_method(planted, tmp_path, monkeypatch):

@@ -140,6 +140,8 @@ def test_cli_merge_dual_never_loads_a_model_whole_and_takes_device_and_dtype(tmp
 
     for i, src in enumerate(models, start=1):
         assert_same_function(run(aligned / str(i)), run(src), dtype=torch.float32, what=f"aligned {i}")
+    # negative control: an aligned model against the other input
+    assert_different_function(run(aligned / "1"), run(models[1]), dtype=torch.float32, what="aligned 1 vs input 2")
     assert cli.main(["merge", *models, "-o", str(tmp_path / "w"), "--dtype", "bfloat16"]) == 2
     assert "--device and --dtype are for merge --method activation, learned or dual" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from checks import assert_different_function, assert_same_function
+from checks import assert_different_function, assert_same_function, with_tensor_of
 from factories import example_inputs, make_config, make_model, save_model, stock_logits
 from symmerge import SymmergeError
 from symmerge.algebra import groups as G
@@ -47,6 +47,8 @@ def test_fused_projections_are_read_and_written(tmp_path):
 
     hf_a, hf_b = stock(a), stock(tmp_path / "b")
     assert_same_function(hf_b, hf_a, example_inputs("phi3"), what="transformed Phi-3")
+    # negative control: the written checkpoint with layer 0's fused qkv_proj as A has it
+    assert_different_function(with_tensor_of(hf_b, hf_a), hf_a, example_inputs("phi3"), what="qkv_proj as A's")
     for k in ("model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"):
         assert float((hf_b.state_dict()[k] - hf_a.state_dict()[k]).norm()) > 0.5 * float(hf_a.state_dict()[k].norm())
 

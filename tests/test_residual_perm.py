@@ -89,6 +89,9 @@ def test_learned_permutations_only_moves_the_residual_permutation_and_keeps_b(gp
     g["residual.rotation"] = leaf
     plain_loss(a, learner, batch, 0.5, {"B": g}).backward()
     assert torch.allclose(grad, leaf.grad, rtol=1e-4, atol=1e-6)
+    leaf.grad = None  # negative control: the dense gradient at another λ
+    plain_loss(a, learner, batch, 0.3, {"B": g}).backward()
+    assert not torch.allclose(grad, leaf.grad, rtol=1e-4, atol=1e-6)
 
     cfg = LearnConfig(groups=PERMS_ONLY, steps=6, lr=0.5, eval_every=3, grid_points=3, progress=False)
     result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), cfg, init=init)

@@ -92,6 +92,9 @@ def test_solver_recovers_a_planted_map(layout, constraints):
     xa, ya = m @ xb, G.inverse_transpose(grp, m) @ yb
     found = solve_map(grp, xa, xb, ya, yb)
     assert float((found - m).abs().max()) <= 1e-9 and G.membership_error(grp, found) <= 64 * EPS
+    other = G.random_element(grp, gen)  # negative control: data planted by another element gives another map
+    found = solve_map(grp, other @ xb, xb, G.inverse_transpose(grp, other) @ yb, yb)
+    assert float((found - m).abs().max()) > 1e-3
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -103,6 +106,7 @@ def test_parametrization_round_trip_stays_commuting(layout, method):
     raw, fixed = p.from_element(m)
     assert float((p.element(raw, fixed) - m).abs().max()) <= 1e-9
     moved = p.element({k: v + 0.1 for k, v in raw.items()}, fixed)
+    assert float((moved - m).abs().max()) > 1e-3  # negative control: other raw values give another element
     assert _commutator(moved, _stock_rotations(layout)) <= 1e-12, "every raw value must stay in the group"
 
 

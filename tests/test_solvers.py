@@ -42,6 +42,7 @@ def test_procrustes_recovers_a_planted_rotation(fixes_ones):
     found = procrustes((o @ x) @ x.T, fixes_ones)
     assert float((found - o).abs().max()) < 1e-12
     assert G.membership_error(grp, found) < 1e-12
+    assert float((found.T - o).abs().max()) > 1e-3  # negative control: the transposed (inverse) rotation
 
 
 @pytest.mark.parametrize("constraints,rotary", [((), 0), (("rope",), 4), (("rope",), 6), (("signed_permutation",), 0),

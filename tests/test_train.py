@@ -11,6 +11,7 @@ import transformers as T
 from safetensors.torch import load_file
 
 from conftest import shared_data
+from factories import nudged_copy
 from symmerge import SymmergeError
 from symmerge.adapters import adapter_for
 from symmerge.cli import main
@@ -47,8 +48,12 @@ def test_seed_determinism_resume_and_seed_difference(tmp_path, text_file):
     assert json.loads((part / ".train_state" / "state.json").read_text())["step"] == 6
     state_files = [f for f in (part / ".train_state").rglob("*") if f.is_file()]
     assert state_files and {f.suffix for f in state_files} <= {".safetensors", ".json"}  # no pickles
+    nudged = nudged_copy(part, tmp_path / "nudged")
     b = train(TrainArgs(seed=0, out=str(tmp_path / "b"), resume=True, **kw))
     assert set(weights(b)) == set(wa) and all(torch.equal(wa[k], v) for k, v in weights(b).items())
+    # negative control: the saved state moved, the resumed run ends elsewhere (it continues from its state)
+    train(TrainArgs(seed=0, out=str(nudged), resume=True, **kw))
+    assert any(not torch.equal(wa[k], v) for k, v in weights(nudged).items())
     assert record(b)["test"] == record(a)["test"]  # evaluation of the resumed model equals too
 
     c = train(TrainArgs(seed=1, out=str(tmp_path / "c"), **kw))
@@ -82,6 +87,7 @@ def test_each_arch_trains_to_a_stock_checkpoint(tmp_path, text_file, arch, data,
     rec = record(out)
     batches = load_batches(out, data, "test", rec["batch_size"])
     assert evaluate(model, batches)["loss"] == pytest.approx(rec["test"]["loss"], abs=1e-6)
+    assert abs(rec["validation"]["loss"] - rec["test"]["loss"]) > 1e-4  # negative control: the other split's figure
     if arch == "vit":
         assert json.loads((out / "preprocessor_config.json").read_text())["size"] == {"height": 8, "width": 8}
         assert T.AutoImageProcessor.from_pretrained(out) is not None
