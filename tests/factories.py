@@ -204,17 +204,18 @@ def rel_distance(x: dict, y: dict) -> float:
     return (num / sum(float((y[k] ** 2).sum()) for k in y)) ** 0.5
 
 
-def nudged_copy(run: Path, out: Path) -> Path:
-    """A copy of an interrupted `symmerge train` run (OUT/.train_state) with one saved parameter moved by 0.01:
-    the negative control of a resume, which must continue from what it saved (a rerun from the start would not
-    see the change)."""
+def nudged_copy(run: Path, out: Path, tensors: str = ".train_state/params.safetensors", prefix: str = "") -> Path:
+    """A copy of an interrupted run's folder (default: `symmerge train`'s OUT/.train_state) with one saved
+    tensor of the file `tensors` (the first name that starts with `prefix`) moved by 0.01: the negative
+    control of a resume, which must continue from what it saved (a rerun from the start would not see the
+    change)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(run, out)
-    state = out / ".train_state" / "params.safetensors"
+    state = out / tensors
     params = load_file(str(state))
-    first = sorted(params)[0]
+    first = sorted(k for k in params if k.startswith(prefix))[0]
     save_file({**params, first: params[first] + 0.01}, str(state))
     return out

@@ -52,6 +52,7 @@ def _init(b, method: str):
 def _worker(spec: dict) -> int:
     from safetensors.torch import save_file
 
+    from factories import nudged_copy
     from symmerge import SymmergeError
     from symmerge.match.learn_loop import Interrupted
     from symmerge.match.learned import learn
@@ -62,7 +63,12 @@ def _worker(spec: dict) -> int:
     a, b = load_model(spec["a"]), load_model(spec["b"])
     train, val = _train_val()
     for run in spec["runs"]:
-        def on_step(step, run=run):
+        taken = []  # the steps this run takes (a resume: only those after its checkpoint)
+
+        def on_step(step, run=run, taken=taken):
+            taken.append(step)
+            if group.main:
+                Path(f"{run['out']}.steps.json").write_text(json.dumps(taken))
             if group.rank == 1 and step == run.get("die_at"):
                 os._exit(3)
             if group.rank == 1 and step == run.get("hang_at"):
@@ -70,6 +76,9 @@ def _worker(spec: dict) -> int:
             return step == run.get("stop_at")
 
         ckpt = run.get(f"ckpt_rank{group.rank}", run["ckpt"])
+        if "nudge" in run:  # each rank its own copy of the checkpoint rank 0 wrote, once it is written
+            group.agree(lambda: None)
+            ckpt = nudged_copy(Path(run["nudge"]), Path(f"{run['ckpt']}.rank{group.rank}"), "state.safetensors", "param.")
         group.shard = run.get("shard", 0)
         try:
             res = learn(a, b, train, val, _config(run["method"]), init=_init(b, run["method"]), checkpoint=ckpt,
@@ -120,13 +129,16 @@ def dirs(dist_pair):
 @pytest.fixture(scope="module")
 def launched(dirs, tmp_path_factory):
     """One launch (process start-up is most of a test's time): learned and dual to the end; learned stopped
-    at step 3 and resumed from rank 0's checkpoint; a resume where rank 1 finds no checkpoint."""
+    at step 3 and resumed from a nudged copy of rank 0's checkpoint, then from the checkpoint itself; a
+    resume where rank 1 finds no checkpoint."""
     tmp = tmp_path_factory.mktemp("dist-runs")
     runs = [{"method": "learned", "ckpt": str(tmp / "learned.state"), "out": str(tmp / "learned")},
             {"method": "dual", "ckpt": str(tmp / "dual.state"), "out": str(tmp / "dual")},
             {"method": "learned", "ckpt": str(tmp / "learned-sharded.state"), "out": str(tmp / "learned-sharded"), "shard": 2},
             {"method": "dual", "ckpt": str(tmp / "dual-sharded.state"), "out": str(tmp / "dual-sharded"), "shard": 2},
             {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "cut"), "stop_at": 3},
+            {"method": "learned", "ckpt": str(tmp / "nudged.state"), "nudge": str(tmp / "cut.state"), "out": str(tmp / "nudged"),
+             "resume": True},
             {"method": "learned", "ckpt": str(tmp / "cut.state"), "out": str(tmp / "resumed"), "resume": True},
             {"method": "learned", "ckpt": str(tmp / "learned.state"), "ckpt_rank1": str(tmp / "nowhere"),
              "out": str(tmp / "lost"), "resume": True, "expect_error": True}]
@@ -184,6 +196,14 @@ def test_resume_under_torchrun_equals_uninterrupted(launched):
     assert (launched / "resumed.history.json").read_text() == (launched / "learned.history.json").read_text()
     for k, v in load(launched / "learned.state" / "state.safetensors").items():
         assert torch.equal(v, load(launched / "cut.state" / "state.safetensors")[k]), k
+    # negative control (learning is deterministic: a resume that ignored its checkpoint and started again
+    # would equal the uninterrupted run too): the resume takes only the steps after the cut, and one from a
+    # copy of the checkpoint with a parameter moved ends elsewhere
+    taken = {n: json.loads((launched / f"{n}.steps.json").read_text()) for n in ("learned", "cut", "resumed", "nudged")}
+    assert taken == {"learned": [1, 2, 3, 4, 5, 6], "cut": [1, 2, 3], "resumed": [4, 5, 6], "nudged": [4, 5, 6]}, taken
+    nudged = load(launched / "nudged.state.rank0" / "state.safetensors")
+    params = {k: v for k, v in load(launched / "learned.state" / "state.safetensors").items() if k.startswith("param.")}
+    assert rel({k: nudged[k] for k in params}, params) > 1e-4
 
 
 def test_a_rank_without_the_checkpoint_stops_every_rank(launched):
