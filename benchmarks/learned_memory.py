@@ -147,7 +147,7 @@ PHASES = [
     ("symmerge.match.learned", "make_plan", "plan (validation size, lr)"),
     ("symmerge.match.learn_loop", "Run.go", "run (steps, validation)"),
     ("symmerge.match.learned", "best_se", "best state's s.e."),
-    ("symmerge.match.outputs", "_write", "write"),
+    ("symmerge.match.outputs", "write_element", "write"),
     ("symmerge.match.outputs", "logit_gap", "check"),
 ]
 

@@ -25,9 +25,9 @@ from symmerge.algebra.elements import random_element
 from symmerge.evaluation.barrier_many import many_barrier
 from symmerge.evaluation.forward import StockForward
 from symmerge.match import registry
+from symmerge.match.activation_many import activation_match_many, average_loss
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learn_many import learn_many
-from symmerge.match.many import activation_match_many, average_loss
 from symmerge.store.model import load_model
 from symmerge.store.model import save_model as save_canonical
 from test_weight_matching import SUPPORTED

@@ -15,8 +15,8 @@ import torch
 from factories import make_model, save_model
 from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
+from symmerge.match import activation_many, registry
 from symmerge.match import many as many_mod
-from symmerge.match import registry
 from symmerge.match.many import ROUND_TOL, objective, weight_match_many
 from symmerge.match.options import ManyOptions
 from symmerge.match.part_cache import PartCache
@@ -142,7 +142,7 @@ def test_stop_rule_and_its_default(gpt2s):
     capped = weight_match_many(spec, params, w, spec.default_families(), max_rounds=2, max_iters=3, tol=0.0)
     h = capped.history
     assert len(h) == 3 and capped.converged == (h[-1] - h[-2] <= 0.0)
-    for fn in (weight_match_many, many_mod.activation_match_many, many_mod.rounds):
+    for fn in (weight_match_many, activation_many.activation_match_many, many_mod.rounds):
         assert inspect.signature(fn).parameters["tol"].default == ROUND_TOL, fn.__name__
     assert ManyOptions().round_tol == ROUND_TOL
     assert 0 < ROUND_TOL < 1e-2

@@ -112,6 +112,20 @@ class _StandIn(StandIn):
         return owner.run_on(self.stock, lambda: owner.block_state(part, i), args, kwargs)
 
 
+def stand_in_blocks(hf: nn.Module, hooks, n_layers: int, kind: type[StandIn], owner) -> tuple[list[str], list[set]]:
+    """Every stock block of `hf` (`hooks.layer(i).block`) replaced by `kind(stock block, i, owner)`; returns each
+    block's name prefix and the names of its parameters (local to the block)."""
+    prefixes, keys = [], []
+    for i in range(n_layers):
+        name = hooks.layer(i).block
+        parent, _, idx = name.rpartition(".")
+        stock = hf.get_submodule(name)
+        prefixes.append(name + ".")
+        keys.append({k for k, _ in stock.named_parameters()})
+        hf.get_submodule(parent).register_module(idx, kind(stock, i, owner))
+    return prefixes, keys
+
+
 @dataclass(frozen=True)
 class Vocab:
     """A stock end module (`nn.Embedding` or `nn.Linear`) whose parameters are canonical tensors, as they are,
@@ -210,14 +224,7 @@ class BlockwiseForward:
         config = self.adapter.export_config(model.config, self.shape, _config_probe(endpoints, self.shape))
         config.use_cache = False  # a cache would be filled twice: once forward, once by the recomputation
         self.hf = weightless(config, self.shape.hf_class, dtype, device)
-        self.prefixes, self.block_keys = [], []
-        for i in range(self.shape.n_layers):
-            name = hooks.layer(i).block
-            parent, _, idx = name.rpartition(".")
-            stock = self.hf.get_submodule(name)
-            self.prefixes.append(name + ".")
-            self.block_keys.append({k for k, _ in stock.named_parameters()})
-            self.hf.get_submodule(parent).register_module(idx, _StandIn(stock, i, self))
+        self.prefixes, self.block_keys = stand_in_blocks(self.hf, hooks, self.shape.n_layers, _StandIn, self)
         ends = endpoints[0].ends()
         self.vocab = vocab_modules(self.hf, self.adapter, self.shape, model.spec, ends)
         self.vocab_names = {c for v in self.vocab for c in v.tensors.values()}

@@ -11,11 +11,16 @@ would otherwise repeat in every sweep. `PartCache` holds the mean instead, serve
   model as in pairwise matching; the folder takes one model in the algebra's dtype and is removed
   when the cache is closed.
 
-Reads return fresh tensors (a caller may change them), in the dtype they were written in.
+Reads return fresh tensors (a caller may change them), in the dtype they were written in. They are contiguous,
+whichever the mode, unless the cache keeps `strides`: then each comes back with the strides it was written
+with (a transposed weight stays transposed, on disk too), so that products of what is read are computed as
+products of what was written are, to the bit (the layout of a matrix chooses how a product sums). Tensors
+written must then be dense (as every result of arithmetic is).
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -26,8 +31,8 @@ from ..store.parts import Parts
 
 
 class PartCache(Parts):
-    def __init__(self, keys: list, on_disk: bool):
-        self.keys, self.on_disk = list(keys), on_disk
+    def __init__(self, keys: list, on_disk: bool, strides: bool = False):
+        self.keys, self.on_disk, self.strides = list(keys), on_disk, strides
         self._mem: dict = {}
         self._dir = tempfile.TemporaryDirectory(prefix="symmerge-mean-") if on_disk else None
 
@@ -39,9 +44,13 @@ class PartCache(Parts):
         from safetensors.torch import save_file
 
         for key in self.keys:
-            tensors = {k: v.contiguous() for k, v in part(key).items()}  # one layout either way: equal sums
+            tensors = part(key)
+            if not self.strides:
+                tensors = {k: v.contiguous() for k, v in tensors.items()}  # one layout either way: equal sums
             if self.on_disk:
-                save_file(tensors, str(self._file(key)))
+                layout = {k: v.stride() for k, v in tensors.items()}
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(self._file(key)),
+                          metadata={"strides": json.dumps(layout)} if self.strides else None)
             else:
                 self._mem[key] = tensors
             del tensors
@@ -51,10 +60,16 @@ class PartCache(Parts):
         if key not in self.keys:
             raise KeyError(f"part {key!r} is not cached (parts: {self.keys})")
         if self.on_disk:
+            from safetensors import safe_open
             from safetensors.torch import load_file
 
-            return load_file(str(self._file(key)))
-        return {k: v.clone() for k, v in self._mem[key].items()}
+            tensors = load_file(str(self._file(key)))
+            if not self.strides:
+                return tensors
+            with safe_open(str(self._file(key)), "pt") as f:
+                layout = json.loads(f.metadata()["strides"])
+            return {k: torch.empty_strided(v.shape, layout[k], dtype=v.dtype).copy_(v) for k, v in tensors.items()}
+        return {k: v.clone() for k, v in self._mem[key].items()}  # dense: the same strides
 
     def close(self) -> None:
         self._mem.clear()

@@ -147,9 +147,9 @@ def _run_weight_many(sources, weights, families, data, opts, start=None, progres
 
 def _run_activation_many(sources, weights, families, data, opts, start=None, progress: bool = False, device=None,
                          dtype=None) -> ManyAlignment:
-    from .many import activation_match_many
+    from .activation_many import activation_match_many
 
-    res = activation_match_many([s.as_model() for s in sources], weights, data.train, families, opts["max_rounds"],
+    res = activation_match_many(list(sources), weights, data.train, families, opts["max_rounds"],
                                 opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype)
     figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
     figures["average_loss"] = [-v for v in res.history]

@@ -86,3 +86,19 @@ class InMemoryParts(Parts):
 
     def part(self, key) -> Params:
         return {k: v.to(self.dtype) for k, v in self.parts.get(key, {}).items()}
+
+
+class Served(ModelParts):
+    """The parts of `parts` served as those of a model like `like` (its folder, config, adapter, shape, spec
+    and storage dtype: what it takes to run or write them), each read cast to `cast` where given (a copy
+    unless the tensor is in `cast` already). A mean of moved models runs and is written as the first of them;
+    a model read in one precision is computed on in another, as `InMemoryParts` serves a `Model`."""
+
+    def __init__(self, like: ModelParts, parts: Parts | None = None, cast: torch.dtype | None = None):
+        self.path, self.config, self.adapter, self.shape = like.path, like.config, like.adapter, like.shape
+        self.spec, self.dtype = like.spec, like.dtype
+        self.source, self.cast = like if parts is None else parts, cast
+
+    def part(self, key) -> Params:
+        part = self.source.part(key)
+        return part if self.cast is None else {k: v.to(self.cast) for k, v in part.items()}

@@ -6,7 +6,8 @@ vocabulary and tokenizer / image processor; mixed widths expanded into the wides
 other model, `expansion.widest_many`; weights non-negative, one per model, summing to 1; data for the
 data-driven methods; OUT and the aligned folder apart from the inputs and each other), then matches
 (models read one part at a time, `model.LazyModel`: weight matching streams them; learned and dual matching
-keep them frozen in their own dtype and run block by block; activation matching holds them in memory),
+keep them frozen in their own dtype and run block by block; activation matching runs one block of each at a
+time, its means kept on disk, `match.activation_many`),
 writes OUT part by part as the weighted mean of `g_i·M_i` (`stream.write_streaming`), and with `aligned`
 each `g_i·M_i` (its input's function exactly, up to storage rounding; a narrow input in the widest config)
 to `aligned/<i>` (1-based, in the order given), written as one unit (`atomic.AtomicFolders`: both complete, or neither)."""
@@ -25,7 +26,7 @@ from ..match import registry
 from ..match.many import MeanParts
 from ..runtime import distributed
 from ..store.io import AtomicFolders
-from ..store.parts import ModelParts
+from ..store.parts import Served
 
 
 def check_models(models: list, names: list[str]) -> tuple[list, int]:
@@ -54,19 +55,6 @@ def check_outputs(inputs: list, outputs: list, force: bool) -> None:
                 if o in p.parents:
                     raise SymmergeError(f"output folder {o} holds {kind} {p}; choose another folder")
         prepare_output(o, force)
-
-
-class MeanView(ModelParts):
-    """The weighted mean of `g_i·M_i` as a model served part by part (what `stream.write_streaming` reads)."""
-
-    def __init__(self, models: list, elements: list[dict], weights: list[float]):
-        first = models[0]
-        self.path, self.config, self.adapter, self.shape = first.path, first.config, first.adapter, first.shape
-        self.spec, self.dtype = first.spec, first.dtype
-        self.mean = MeanParts(first.spec, models, elements, weights, list(range(len(models))))
-
-    def part(self, key):
-        return self.mean.part(key)
 
 
 def merge_models(paths: list, out, weights: list[float] | None = None, method: str = "weight",
@@ -142,7 +130,8 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     if data is not None and data_name is not None:
         meta["merge"]["data"] = data_name
     with AtomicFolders([out] if aligned is None else [out, aligned]) as tmps:  # OUT and DIR: one unit
-        write_streaming(MeanView(models, result.elements, w), lambda part: part, out, extra=meta,
+        mean = Served(models[0], MeanParts(models[0].spec, models, result.elements, w, list(range(len(models)))))
+        write_streaming(mean, lambda part: part, out, extra=meta,
                         progress=progress, dtype=dtype, into=tmps[0])
         if aligned is not None:
             _write_aligned(models, result.elements, aligned, tmps[1], meta, progress, w, dtype, ref)
