@@ -6,14 +6,15 @@ through `Parts.part(key)`, and so gets `ends()` and `scalars(key)` from here:
 
 - a checkpoint read from its files (`model.LazyModel`), a model in memory through a view
   (`InMemoryParts`: `model.as_parts`), a narrow model seen in a wide config (`expansion.ExpandedModel`);
-- a weighted or leave-one-out mean of moved models (`match.many.MeanParts`, `merge_many.MeanView`), a model
+- a weighted or leave-one-out mean of moved models (`match.many.MeanParts`), a model
   at another residual scale (`match.many.ScaledParts`), a mean kept for many reads (`match.part_cache.PartCache`);
 - the frozen endpoints of learned matching, whole or sharded over processes (`match.frozen.Frozen`,
   `match.sharded.Sharded`).
 
 `ModelParts` adds what it takes to run or write the model whose parts they are (its adapter, config,
 shape, spec, storage dtype, folder): `stream.write_streaming`, the block-wise forwards and the frozen
-stores take one.
+stores take one. `Served` makes any `Parts` one, as the parts of a model like a given one (a mean written or
+run as its first model).
 
 Invariant: `part(key)` holds exactly the canonical tensors `name` of the model with `part_of(name) == key`,
 and the parts over `part_keys(shape)` together hold every canonical tensor once. A source may return its own
