@@ -146,6 +146,10 @@ PHASES = [
     ("symmerge.match.learned", "Learner", "learner build"),
     ("symmerge.match.learned", "make_plan", "plan (validation size, lr)"),
     ("symmerge.match.learn_loop", "Run.go", "run (steps, validation)"),
+    ("symmerge.match.learn_loop", "Run.evaluate", "validation"),
+    ("symmerge.match.learn_loop", "Run.train_step", "step"),
+    ("symmerge.match.learn_loop", "Run.save", "checkpoint save"),
+    ("symmerge.match.learn_loop", "Run.result", "best state's elements"),
     ("symmerge.match.learned", "best_se", "best state's s.e."),
     ("symmerge.match.outputs", "write_element", "write"),
     ("symmerge.match.outputs", "logit_gap", "check"),
@@ -237,6 +241,7 @@ def main() -> None:
     ap.add_argument("--phases", action="store_true", help="--cli: log the peak RSS of each phase of the command")
     ap.add_argument("--phase-child", nargs=argparse.REMAINDER, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--notes", default="", help="--cli: what the record's notes say (where the memory goes)")
     record.add_argument(ap, "learned_memory")
     args = ap.parse_args()
     if args.phase_child is not None:
@@ -257,15 +262,16 @@ def main() -> None:
         print(f"{r['cmd']}\n{r['line']}\n{name}: endpoints {ends / GIB:.2f} GiB; the command's maximum RSS "
               f"{r['peak'] / GIB:.2f} GiB (target {target / GIB:.2f} GiB: {'holds' if r['peak'] <= target else 'MISSED'}); "
               f"wall {r['wall_s']} s")
+        holds = "holds" if r["peak"] <= target else f"missed by {(r['peak'] - target) / GIB:.2f} GiB"
         tables = [record.table("maximum RSS of the command", ["command", "endpoints", "maximum RSS", "target", "wall"], [[
             f"align --method dual, {name}", f"{ends / GIB:.2f} GiB", f"{r['peak'] / GIB:.2f} GiB",
-            f"{target / GIB:.2f} GiB", f"{r['wall_s']} s"]])]
+            f"{target / GIB:.2f} GiB: {holds}", f"{r['wall_s']} s"]])]
         if r.get("phases"):
             tables.append(record.table("resident memory (GiB) and seconds per phase",
                                        ["phase", "RSS before", "peak", "RSS after", "s"],
                                        [[row["phase"], f"{row['rss_before'] / GIB:.2f}", f"{row['peak'] / GIB:.2f}",
                                          f"{row['rss_after'] / GIB:.2f}", f"{row['s']:.1f}"] for row in r["phases"]]))
-        record.save(args.results, "learned_memory", f"{name}, the command", f"{name}, the whole command", tables)
+        record.save(args.results, "learned_memory", f"{name}, the command", f"{name}, the whole command", tables, args.notes)
         return None
     cmd = [sys.executable, __file__, "--child", str(a), str(b), "--method", args.method, "--dtype", args.dtype,
            "--batch", str(args.batch), "--seq", str(args.seq), "--recompute", args.recompute]

@@ -229,7 +229,14 @@ class Run:
         bar.close()
         m["done"] = True
         self.save()
+        self.release()
         return self.result()
+
+    def release(self) -> None:
+        """Free the gradients and the optimiser's moments once the run is done and saved: the best state's elements
+        are built after, beside the frozen endpoints, and no step follows."""
+        self.opt.zero_grad(set_to_none=True)
+        self.opt.state.clear()
 
     def result(self) -> Result:
         with torch.no_grad():

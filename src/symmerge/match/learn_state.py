@@ -23,12 +23,28 @@ TENSORS, META = "state.safetensors", "state.json"
 
 
 def save_state(folder, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Write both files atomically (`atomic.write_file`; the JSON last marks completion)."""
+    """Write both files atomically (`atomic.write_file`; the JSON last marks completion). The tensors are written
+    from where they lie (`unshared`): a save costs no copy of the run's state (parameters, best state and Adam
+    moments: four times the learned parameters), only of a tensor that shares memory with another."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    blob = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
+    blob = unshared(tensors)
     write_file(folder / TENSORS, lambda tmp: save_file(blob, str(tmp)))
     write_file(folder / META, lambda tmp: tmp.write_text(json.dumps({"format": FORMAT, **meta}, indent=1)))
+
+
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` detached and contiguous (a copy only where a tensor is not), each a storage of its own as
+    safetensors asks: a tensor whose storage an earlier one holds is copied (the first keeps it)."""
+    out, seen = {}, set()
+    for k, v in tensors.items():
+        v = v.detach().contiguous()
+        ptr = v.untyped_storage().data_ptr()
+        if v.numel() and ptr in seen:
+            v = v.clone()
+        seen.add(v.untyped_storage().data_ptr())
+        out[k] = v
+    return out
 
 
 def load_state(folder) -> tuple[dict[str, torch.Tensor], dict]:
