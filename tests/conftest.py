@@ -63,7 +63,8 @@ def pair(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def dist_pair(tmp_path_factory):
-    """The multi-process tests' tiny GPT-2 pair with a tokenizer and a text file (`dist_common.make_pair`)."""
+    """The multi-process tests' tiny GPT-2 pair, trained on a text file beside it from two seeds, with a
+    tokenizer (`dist_common.make_pair`): `align`'s learned steps lower its barrier."""
     from dist_common import make_pair
 
     return make_pair(tmp_path_factory.mktemp("dist-pair"))

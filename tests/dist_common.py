@@ -26,19 +26,50 @@ TIMEOUT_S = 20  # the process group's timeout in these tests (SYMMERGE_DIST_TIME
 CHARS = "".join(chr(c) for c in range(65, 125))  # 60 characters: with <unk>, the tiny GPT-2s' 61 tokens
 
 
-def make_pair(d: Path) -> tuple[Path, Path]:
+def make_pair(d: Path, steps: int = 100) -> tuple[Path, Path]:
     """The tiny GPT-2 pair in `d`/a and `d`/b, with a character tokenizer (for the command line), and
-    `d`/text.txt."""
-    from factories import make_model, save_model
+    `d`/text.txt (`markov_text`). The two are trained on the text for `steps` from different seeds
+    (`trained`): after 100, their midpoint is worse than their ends after weight matching (a barrier of
+    about 0.23 nats) and `align`'s few learned steps lower it, so that its best state is not its start
+    and its outputs depend on every row of every batch. With 0: two random models (`make_model`) and
+    uniform text, on which a learned merge of three moves from its start."""
+    from factories import save_model
     from symmerge.data.tokenizers import char_tokenizer
 
     tok = char_tokenizer(CHARS)
-    out = save_model(make_model("gpt2", 0), d / "a"), save_model(make_model("gpt2", 1), d / "b")
+    ids = markov_text(6000) if steps else torch.randint(0, len(CHARS), (6000,), generator=torch.Generator().manual_seed(0))
+    out = save_model(trained(0, ids, steps), d / "a"), save_model(trained(1, ids, steps), d / "b")
     for path in out:
         tok.save_pretrained(path)
-    ids = torch.randint(0, len(CHARS), (6000,), generator=torch.Generator().manual_seed(0))
     (d / "text.txt").write_text("".join(CHARS[i] for i in ids))
     return out
+
+
+def markov_text(n: int, seed: int = 0) -> torch.Tensor:
+    """`n` token ids of CHARS, each the previous one's fixed successor 4 times in 5, else uniform."""
+    gen = torch.Generator().manual_seed(seed)
+    successor = torch.randperm(len(CHARS), generator=gen)
+    keep, other = torch.rand(n, generator=gen) < 0.8, torch.randint(0, len(CHARS), (n,), generator=gen)
+    ids = [0]
+    for i in range(1, n):
+        ids.append(int(successor[ids[-1]]) if keep[i] else int(other[i]))
+    return torch.tensor(ids)
+
+
+def trained(seed: int, ids: torch.Tensor, steps: int = 100):
+    """`make_model("gpt2", seed)` after `steps` Adam steps (lr 3e-3) on batches of 8 windows of 32 ids
+    drawn with `seed`."""
+    from factories import make_model
+
+    model = make_model("gpt2", seed).train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.stack([ids[s:s + 32] for s in torch.randint(0, len(ids) - 32, (8,), generator=gen).tolist()])
+        opt.zero_grad()
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+    return model.eval()
 
 
 def env(**extra) -> dict:
@@ -57,9 +88,10 @@ def free_port() -> int:
 
 
 def align(a, b, out, *extra) -> list[str]:
-    """`align --method dual` for a few steps on the pair's text (batches of 4)."""
+    """`align --method dual` for a few steps on the pair's text (batches of 4); on `make_pair`'s pair the
+    validation barrier falls at each evaluation (steps 2 and 4)."""
     return ["align", str(a), str(b), "-o", str(out), "--method", "dual", "--data", str(Path(a).parent / "text.txt"),
-            "--steps", "4", "--eval-every", "4", "--val-points", "3", "--lr", "0.05", "--batch-size", "4",
+            "--steps", "4", "--eval-every", "2", "--val-points", "3", "--lr", "0.002", "--batch-size", "4",
             "--max-batches", "3", "--val-batches", "2", *extra]
 
 
@@ -84,9 +116,24 @@ def outputs_rel(out: Path, ref: Path) -> float:
 
 
 def last_losses(report: Path) -> list[float]:
-    """The validation losses after the last step of a run's --json report (its outputs hold the best
-    state, which may be the start: these losses are what the steps decide)."""
+    """The validation losses after the last step of a run's --json report."""
     return json.loads(Path(report).read_text())["history"][-1]["losses"]
+
+
+def takes_one_process_steps(out: Path, report: Path, one_process: Path, half_rows: Path) -> None:
+    """A multi-process run's outputs OUT and --json report equal those of the one-process run (conftest's
+    `one_process`), to 1e-5 relative (float32 sums in another order). Negative controls: the one-process
+    run's best state is not its start (its outputs are what the steps made of every row), and the first
+    process's rows alone (`half_rows`) write other outputs and reach other losses."""
+    import pytest
+
+    ref = one_process / "out"
+    assert outputs_rel(out, ref) < 1e-5
+    one, many = (json.loads(Path(r).read_text()) for r in (one_process / "out.json", report))
+    assert many["best_step"] == one["best_step"] > 0, (many["best_step"], one["best_step"])
+    assert last_losses(report) == pytest.approx(last_losses(one_process / "out.json"), rel=1e-5)
+    assert outputs_rel(half_rows / "out", ref) > 1e-3
+    assert last_losses(half_rows / "out.json") != pytest.approx(last_losses(one_process / "out.json"), rel=1e-3)
 
 
 def launch_cli(calls: list[dict], cwd: Path, nproc: int = 2, timeout: float = 400) -> tuple[subprocess.CompletedProcess, list]:
