@@ -68,6 +68,10 @@ def test_planted_element_is_reproduced(name, method):
         raw, fixed = p.from_element(x)
         y = p.element(raw, fixed)
         assert float((y - x).abs().max()) < 1e-9, f"{name}/{method} seed {seed}: element not reproduced"
+        # negative control: the element is made from the raw parameters (not carried whole in `fixed`): moved
+        # by 1e-3 they give another element, which the 1e-9 check would refuse
+        moved = p.element({k: v + 1e-3 for k, v in raw.items()}, fixed)
+        assert float((moved - x).abs().max()) > 1e-5, f"{name}/{method} seed {seed}: element ignores its parameters"
         reproduced += 1
     assert reproduced >= 2, f"{name}/{method}: too few planted elements in reach to test"
     raw, fixed = p.identity()
