@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from checks import assert_different_function, assert_same_function, stock
-from factories import example_inputs, lm_batches
+from factories import example_inputs, lm_batches, rel_distance
 from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.cli import main
@@ -51,6 +51,12 @@ def test_merge_mixed_widths_gives_the_narrow_function_in_the_wide_config(planted
         got = stock(al / str(i))
         assert got.config.hidden_size == _wide_config(arch).hidden_size
         assert_same_function(got, stock(p), x, what=f"{arch}: aligned {i} vs its input")
+    # negative control (an input written unchanged computes its function too): the aligned endpoints
+    # coincide (the planted elements undone), where the inputs (the expansion, WIDE_1, WIDE_2) are far apart
+    ends = [load_model(al / str(i)).params for i in (1, 2, 3)]
+    ins = [load_model(root / n).params for n in ("expanded", "wide", "wide2")]
+    assert max(rel_distance(e, ends[0]) for e in ends[1:]) < 1e-9
+    assert min(rel_distance(ins[i], ins[j]) for i, j in ((0, 1), (0, 2), (1, 2))) > 0.1
     r = json.loads(rep.read_text())
     assert r["expanded"] == [1] and r["gauge_of"] == str(paths[1]) and r["objective"][-1] > 1 - 1e-9
     # negative control: the expansion averaged with the wide models without alignment is another function
