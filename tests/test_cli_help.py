@@ -81,7 +81,8 @@ def sectioned_problems(parser: argparse.ArgumentParser) -> list[str]:
 
 
 @pytest.mark.parametrize("command, sections", [
-    ("align", ["output", "matching", "data", "weight matching", "learned and dual matching", "device and precision"]),
+    ("align", ["output", "matching", "data", "weight matching", "activation matching", "learned and dual matching",
+               "device and precision"]),
     ("merge", ["output", "matching", "rounds", "data", "learned and dual matching", "device and precision"]),
 ])
 def test_align_and_merge_group_their_options_by_method(command, sections):
@@ -110,4 +111,5 @@ def test_every_matcher_option_lands_in_its_method_section():
 
     assert section_of("precision") == MATCHING and section_of("batch_size") == DATA
     assert section_of("sweep_workers") == WEIGHT and section_of("lr") == LEARNED
-    assert {section_of(o) for o in option_fields()} == {MATCHING, DATA, WEIGHT, LEARNED}
+    assert section_of("blocks") == "activation matching"
+    assert {section_of(o) for o in option_fields()} == {MATCHING, DATA, WEIGHT, "activation matching", LEARNED}

@@ -32,7 +32,10 @@ Here (`activation_match`) every activation is kept in memory (at most `max_token
 definition, for small models and samples. `symmerge align` runs `activation_stream.py` instead, which
 streams both models block by block from their checkpoints and gives the same element from accumulated
 statistics (tests/test_activation_stream.py); the solving steps below (`head_perms`, `head_maps`,
-`ffn_step`, `map_sides`) are shared by both.
+`ffn_step`, `map_sides`) are shared by both. Each group's cost here is blind to the others (the streams do
+not move under the per-block groups, the hidden units and patterns not under the rotation); `align` and
+`merge` then re-solve the per-block groups by weight matching given the rotation (`activation_blocks.py`)
+unless `--blocks activation`.
 """
 
 from __future__ import annotations

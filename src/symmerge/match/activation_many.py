@@ -62,11 +62,14 @@ def average_loss(models: list, elements: list[dict], weights: list[float], batch
 
 def activation_match_many(models: list, weights: list[float], batches: list[dict], families: list[str] | None = None,
                           max_rounds: int = 10, seed: int = 0, tol: float = ROUND_TOL, progress: bool = False,
-                          device=None, dtype: torch.dtype | None = None, on_disk: bool | None = None) -> ManyResult:
+                          device=None, dtype: torch.dtype | None = None, on_disk: bool | None = None,
+                          blocks: str = "weight") -> ManyResult:
     """Activation matching of many models (`Model`s or `LazyModel`s of one shape), by the schedule of
     `many.rounds` (see the module docstring). `device`, `dtype`: where the forwards (matching's and the
     objective's) run and their working precision (default: the CPU, float64); the statistics are summed in
-    float64. `on_disk`: where each mean is kept (None: on disk when some model streams from its checkpoint)."""
+    float64. `on_disk`: where each mean is kept (None: on disk when some model streams from its checkpoint).
+    `blocks`: "weight" re-solves each match's per-block groups given its rotation (`activation_blocks`)."""
+    from .activation_blocks import blocks_given_rotation
     from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)
@@ -77,9 +80,11 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
     def match(i, keep, elements, g0):
         t0 = time.perf_counter()
         with _mean(sources, elements, weights, keep, on_disk) as mean:
-            g = activation_match_streaming(Served(sources[0], mean), sources[i], batches, families, device=device,
-                                           forward=dtype).g
-        return Step(g, time.perf_counter() - t0)
+            target = Served(sources[0], mean)
+            res = activation_match_streaming(target, sources[i], batches, families, device=device, forward=dtype)
+            if blocks == "weight":
+                res = blocks_given_rotation(target, sources[i], families, res)
+        return Step(res.g, time.perf_counter() - t0)
 
     def value(elements):
         with _mean(sources, elements, weights, list(range(len(models))), on_disk) as mean:

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 from ..errors import SymmergeError
 from ..runtime.values import argument_type, at_least, seed
+from .activation_blocks import BLOCKS
 from .blockwise import RECOMPUTE
 from .learn_config import (
     BATCH_TOKENS,
@@ -174,6 +175,8 @@ class ActivationOptions(Options):
     precision: str = option(**_PRECISION)
     batch_size: int = option(8, *_BATCH_SIZE)
     max_batches: int = option(8, *_MAX_BATCHES)
+    blocks: str = option(BLOCKS[0], "per-block groups by weight matching given the activations' rotation, or from "
+                         "the activations alone", choices=BLOCKS)
 
 
 @dataclass(frozen=True)

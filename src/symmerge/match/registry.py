@@ -100,10 +100,14 @@ def _run_weight(a, b, families, data, opts, start, progress: bool = False, devic
 
 
 def _run_activation(a, b, families, data, opts, start, progress: bool = False, device=None, dtype=None) -> Alignment:
+    from .activation_blocks import blocks_given_rotation
     from .activation_stream import activation_match_streaming
 
-    res = activation_match_streaming(a, b, data.train, families, dtype=getattr(torch, opts["precision"]),
-                                     progress=progress, device=device, forward=dtype)
+    precision = getattr(torch, opts["precision"])
+    res = activation_match_streaming(a, b, data.train, families, dtype=precision, progress=progress, device=device,
+                                     forward=dtype)
+    if opts["blocks"] == "weight":
+        res = blocks_given_rotation(a, b, families, res, dtype=precision, progress=progress)
     return _from_match("activation", res)
 
 
@@ -150,7 +154,8 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
     from .activation_many import activation_match_many
 
     res = activation_match_many(list(sources), weights, data.train, families, opts["max_rounds"],
-                                opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype)
+                                opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype,
+                                blocks=opts.get("blocks", "weight"))
     figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
     figures["average_loss"] = [-v for v in res.history]
     figures["device"], figures["dtype"] = str(device or "cpu"), str(dtype or torch.float64).replace("torch.", "")
