@@ -1,0 +1,85 @@
+"""The default `symmerge align --method dual` (no tuning flags) on trained pairs: its test barrier against plain
+averaging's, and where its time went.
+
+For each `pairs.py` name (seeds 0 and 1; train them first), one command with the defaults: the full recipe,
+`--lr auto` (bracketed), learning on while the curve still falls (`--extend 2`), the best state on the
+validation split. Then `symmerge barrier` of the two outputs and of the plain pair on the test split (11 points,
+55 batches of 16 windows). A step whose output already exists is not run again (its report is read), so an
+interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread.
+
+    python benchmarks/pairs.py neox-char-demo llama-char-demo
+    python benchmarks/default_dual.py neox-char-demo llama-char-demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pairs
+import record
+
+BARRIER = ["--split", "test", "--batch-size", "16", "--max-batches", "55", "--points", "11"]
+COLUMNS = ["pair", "plain", "default dual", "dual / plain", "--lr auto", "steps (planned + learned on)", "best step",
+           "validation barrier: start -> best", "time: learning, validating, past the plan, rate search (s)"]
+
+
+def symmerge(argv: list[str], out: Path, commands: list[str]) -> None:
+    """Run `symmerge argv` at one thread unless `out` exists; the command line goes to `commands`."""
+    commands.append("symmerge " + shlex.join(map(record.portable, argv)))
+    if out.exists():
+        print(f"exists, not run again: {commands[-1]}", flush=True)
+        return
+    subprocess.run([sys.executable, "-m", "symmerge", *argv], check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    print(f"ran: {commands[-1]}", flush=True)
+
+
+def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
+    (a, _), (b, _) = pairs.commands(name, (0, 1), runs, data_root)
+    data = f"{data_root}/tinyshakespeare.txt" if "vit" not in name else f"{data_root}/mnist/mnist.pkl.gz"
+    barrier = BARRIER if "vit" not in name else ["--split", "test", "--batch-size", "64", "--max-batches", "156",
+                                                 "--points", "11"]
+    out, rep = work / name, work / f"{name}.json"
+    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, "--json", str(rep)], rep, commands)
+    for label, x, y in (("dual", out / "A", out / "B"), ("plain", a, b)):
+        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{name}-{label}.json")],
+                 work / f"{name}-{label}.json", commands)
+    r = json.loads(rep.read_text())
+    dual = json.loads((work / f"{name}-dual.json").read_text())["barrier"]
+    plain = json.loads((work / f"{name}-plain.json").read_text())["barrier"]
+    t = r["time"]
+    best = next(h for h in r["history"] if h["step"] == r["best_step"])
+    return [name, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}", f"{r['plan']['lr']:g}",
+            f"{r['planned_steps']} + {r['extended_steps']}", str(r["best_step"]),
+            f"{r['barrier_before']:.4f} -> {best['barrier']:.4f}",
+            f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="+", help="pairs.py names, each trained at seeds 0 and 1")
+    ap.add_argument("--runs", default="runs", help="folder the models were trained under (pairs.py --runs)")
+    ap.add_argument("--data-root", default="../shared/data")
+    ap.add_argument("--work", default="runs/default-dual", help="folder of the outputs and reports")
+    record.add_argument(ap, "default_dual")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    for name in args.names:
+        commands: list[str] = []
+        row = measure(name, args.runs, args.data_root, work, commands)
+        print(row, flush=True)
+        record.save(args.results, "default_dual", name, f"{name}: the default align --method dual",
+                    [record.table(name, COLUMNS, [row])], commands=[record.command(), *commands],
+                    notes="test-loss barriers in nats per character (ViT: per image); validation barrier from the "
+                          "run's report (its 11-point grid on the validation split)")
+
+
+if __name__ == "__main__":
+    main()
