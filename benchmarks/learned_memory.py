@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -126,8 +127,11 @@ def cli(a: Path, b: Path, text: str, seq: int, out: Path, extra: list[str], phas
            "--max-iters", "1", "--precision", "float32", "--cost-products", "bfloat16", *extra]
     if phases:
         cmd[3:5] = [str(Path(__file__).resolve()), "--phase-child"]
+    # the command runs in a scratch folder: a relative PYTHONPATH (PYTHONPATH=src) is made absolute, or the child
+    # would import whichever symmerge is installed instead of the code measured
+    path = os.pathsep.join(str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": path})
     if proc.returncode != 0:
         sys.exit(f"the command failed:\n{' '.join(cmd)}\n{proc.stderr[-3000:]}")
     stats = dict(line.strip().split(": ", 1) for line in proc.stderr.splitlines() if ": " in line and line.startswith("\t"))
