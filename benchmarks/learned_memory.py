@@ -273,7 +273,7 @@ def main() -> None:
         if r.get("phases"):
             tables.append(record.table("resident memory (GiB) and seconds per phase",
                                        ["phase", "RSS before", "peak", "RSS after", "s"],
-                                       [[row["phase"], f"{row['rss_before'] / GIB:.2f}", f"{row['peak'] / GIB:.2f}",
+                                       [["· " * row["depth"] + row["phase"], f"{row['rss_before'] / GIB:.2f}", f"{row['peak'] / GIB:.2f}",
                                          f"{row['rss_after'] / GIB:.2f}", f"{row['s']:.1f}"] for row in r["phases"]]))
         record.save(args.results, "learned_memory", f"{name}, the command", f"{name}, the whole command", tables, args.notes)
         return None
