@@ -148,6 +148,8 @@ FIGURES = {f.name: f for f in (
                           "| {} | {} | {} | {} | {} |"), "benchmark", command=REPRO),
     Figure("table-llama", P("RoPE), 600 steps, mean of 3 seeds | {} | {} | {} | {} | {} |"), "benchmark", command=REPRO),
     Figure("table-neox", P("parallel residual), 600 steps, mean of 3 seeds | {} | {} | {} | {} | {} |"), "benchmark", command=REPRO),
+    Figure("default-dual-neox", P("GPT-NeoX demo pair (retrained) left a test barrier\nof {} where plain averaging's is {}: "
+                                  "{} of it"), "benchmark", command="benchmarks/default_dual.py neox-char-demo"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -193,6 +195,8 @@ REFS: dict[str, tuple[Ref, ...]] = {
                     _demo("activation matching", "Llama"), _seed(LLAMA_S, "learned (1e-2)"), _seed(LLAMA_S, "dual (5e-3)")),
     "table-neox": (_demo("plain averaging", "NeoX"), R(RT, "single-seed-neox", "weight matching", BAR),
                    _demo("activation matching", "NeoX"), _seed(NEOX_S, "learned (1e-2)"), _seed(NEOX_S, "dual (5e-3)")),
+    "default-dual-neox": tuple(R("default_dual", "neox-char-demo", "neox-char-demo", c)
+                               for c in ("default dual", "plain", "dual / plain")),
 }
 FIGURES = {n: dataclasses.replace(f, refs=REFS[n]) if f.kind == "benchmark" else f for n, f in FIGURES.items()}
 
