@@ -150,6 +150,8 @@ FIGURES = {f.name: f for f in (
     Figure("table-neox", P("parallel residual), 600 steps, mean of 3 seeds | {} | {} | {} | {} | {} |"), "benchmark", command=REPRO),
     Figure("default-dual-neox", P("GPT-NeoX demo pair (retrained) left a test barrier\nof {} where plain averaging's is {}: "
                                   "{} of it"), "benchmark", command="benchmarks/default_dual.py neox-char-demo"),
+    Figure("default-dual-llama", P("(RoPE on the whole\nhead) {} against {}: {} of it"), "benchmark",
+           command="benchmarks/default_dual.py llama-char-demo"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -197,6 +199,8 @@ REFS: dict[str, tuple[Ref, ...]] = {
                    _demo("activation matching", "NeoX"), _seed(NEOX_S, "learned (1e-2)"), _seed(NEOX_S, "dual (5e-3)")),
     "default-dual-neox": tuple(R("default_dual", "neox-char-demo", "neox-char-demo", c)
                                for c in ("default dual", "plain", "dual / plain")),
+    "default-dual-llama": tuple(R("default_dual", "llama-char-demo", "llama-char-demo", c)
+                                for c in ("default dual", "plain", "dual / plain")),
 }
 FIGURES = {n: dataclasses.replace(f, refs=REFS[n]) if f.kind == "benchmark" else f for n, f in FIGURES.items()}
 
