@@ -20,7 +20,7 @@ from symmerge.algebra.elements import random_element
 from symmerge.data.batches import load_batches
 from symmerge.evaluation.forward import grid
 from symmerge.match import learner as learner_module
-from symmerge.match import lr_search
+from symmerge.match import lr_search, objectives
 from symmerge.match.learn_config import DEFAULT_LR, LearnConfig
 from symmerge.match.learn_plan import plan_line
 from symmerge.match.learn_report import after_best, end_line
@@ -114,8 +114,8 @@ def test_lr_search_brackets_its_choice(pair, monkeypatch, target, extended, chos
     tenth of the run. The short runs' barriers are replaced by |log(rate / target)| so the answer is known."""
     a, b = pair
     learner = Learner(a, b, _auto(), None)
-    real = lr_search.highest_excess
-    monkeypatch.setattr(lr_search, "highest_excess", lambda lams, losses: real(lams, losses) * 0 + (
+    real = objectives.highest_excess  # the probe's score: the path objective's
+    monkeypatch.setattr(objectives, "highest_excess", lambda lams, losses: real(lams, losses) * 0 + (
         abs(math.log(learner.cfg.lr / target)) if isinstance(learner.cfg.lr, float) else 10.0))
     cfg = dataclasses.replace(_auto(), steps=800, eval_every=80)
     lr, record = choose_lr(learner, lm_batches(4, 0), lm_batches(3, 1), cfg)

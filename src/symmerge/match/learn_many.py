@@ -44,7 +44,9 @@ from .blockwise import BlockwiseForward, PartFn
 from .frozen import Frozen, fill
 from .learn_config import DTYPES, LearnConfig
 from .learn_loop import Result, Run
+from .learn_state import load_plan, save_plan
 from .learner import Slot, eps_scale, lap, prepare, select
+from .lr_search import choose_lr
 from .objectives import SimplexObjective
 from .parametrize import learnable, parametrization, resolve_methods, straight_through
 
@@ -192,13 +194,11 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
                on_step=None) -> Result:
     """Run learned or dual matching of many models (module docstring): the elements (one per model) and a
     JSON-able report. `cfg`'s length is made concrete here (`steps`, or `epochs` over `train`; evaluations
-    every `eval_every`, or `evaluations` in the run); its rate must be a number. checkpoint: folder for
+    every `eval_every`, or `evaluations` in the run); its rate a number or "auto" (`lr_search.choose_lr` on
+    the run's objective, saved in the checkpoint's plan). checkpoint: folder for
     the run's state; resume: continue from it; on_step(step) -> True stops the run like Ctrl-C."""
     if not train or not val:
         raise SymmergeError(f"{cfg.method} merging needs training and validation batches (--data)")
-    if cfg.lr == "auto":
-        raise SymmergeError(f"{cfg.method} merging of many models takes a fixed rate: give --lr RATE (the search of "
-                            "--lr auto is built for pairs)")
     steps = cfg.run_steps(len(train))
     cfg = replace(cfg, steps=steps, epochs=None, eval_every=cfg.run_eval_every(steps))
     group = distributed.current()
@@ -206,6 +206,16 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
     if init is not None:
         init = [group.broadcast(g) for g in init]
     learner = ManyLearner(models, cfg, init, weights, val_points)
+    search = None
+    if cfg.lr == "auto":  # chosen once; a resumed run takes the rate its plan recorded
+        saved = load_plan(checkpoint) if resume and checkpoint is not None else None
+        lr, search = (saved["lr"], saved["lr_search"]) if saved else choose_lr(learner, train, val, cfg)
+        learner.cfg = cfg = replace(cfg, lr=lr)
+        if checkpoint is not None and not resume:
+            save_plan(checkpoint, {"lr": lr, "lr_search": search})
     result = Run(learner, train, val, checkpoint, on_step).go(resume)
     result.report["gauge"] = gauge_note(learner.n)
+    if search is not None:
+        result.report["lr_search"] = search
+        result.report["time"]["search_s"] = search["seconds"]
     return result

@@ -1,4 +1,4 @@
-"""`--lr auto`: the learning rate of a learned / dual run, chosen for the pair on the validation split.
+"""`--lr auto`: the learning rate of a learned / dual run, chosen on the validation split (two models or many).
 
 Each rate of `candidates(method)` (`LR_FACTORS` times the method's `DEFAULT_LR`: half-decades over two
 orders of magnitude) runs a short run of `k` steps from the run's start, with the run's own batches
@@ -6,7 +6,9 @@ and λ draws (those of steps 0..k-1 for the run's seed, λ uniform over the rang
 over the k steps, so each is a complete small run at that rate. Its path is then measured on the first
 `n` validation batches at the interior points of a `PROBE_POINTS`-point grid (λ = 1/4, 1/2, 3/4; the
 endpoints once for all rates), and the rate whose path stands lowest above the straight line
-(`barrier_pair.highest_excess`, the rule that picks the best state) is chosen; ties go to the smaller rate,
+(`barrier_pair.highest_excess`, the rule that picks the best state) is chosen; for many models the
+probe is the run's own objective (the largest excess over the merge weights and the validation points
+of the simplex, the vertices once for all rates). Ties go to the smaller rate,
 a diverged run scores +inf. Everything is a function of the seed and the data, so the choice is
 deterministic for a seed (on one machine and thread count, as the run is).
 
@@ -39,8 +41,6 @@ from dataclasses import replace
 import torch
 
 from ..errors import SymmergeError
-from ..evaluation.barrier_pair import highest_excess
-from ..evaluation.forward import grid
 from .learn_config import DEFAULT_LR, LR_FACTORS, LearnConfig
 from .objectives import finite_or_none
 
@@ -131,11 +131,18 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
     ratio = size_ratio(train, val)
     k, n = plan(cfg.steps, len(val), planned_rates(cfg.method), ratio)
     t0 = time.perf_counter()
-    lams, sub = grid(PROBE_POINTS), val[:n]
+    sub = val[:n]
     start = {name: t.detach().clone() for name, t in learner.trainables().items()}
     own = learner.cfg
-    ends = learner.curve(sub, [0.0, 1.0])
-    start_excess = highest_excess(lams, [ends[0], *learner.curve(sub, lams[1:-1]), ends[1]])
+    probe = learner.objective(replace(cfg, grid_points=PROBE_POINTS))  # two models: the path on the probe grid
+    ends = learner.curve(sub, probe.ends)
+
+    def excess() -> float:
+        """The objective's score on `sub` (not floored at 0; NaN where a loss is not finite)."""
+        x = probe.score(probe.entry(ends, learner.curve(sub, probe.inner)))
+        return math.nan if x is None else x
+
+    start_excess = excess()
     tried: dict[float, tuple[float, bool]] = {}  # rate -> (excess, diverged)
 
     def short_run(lr: float) -> None:
@@ -146,7 +153,7 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
             if run.meta["diverged"]:
                 break
         diverged = run.meta["diverged"]
-        x = highest_excess(lams, [ends[0], *learner.curve(sub, lams[1:-1]), ends[1]])
+        x = excess()
         tried[lr] = (x if math.isfinite(x) and not diverged else math.inf, diverged)
         with torch.no_grad():
             for name, t in learner.trainables().items():
