@@ -67,7 +67,7 @@ def test_many_model_lr_auto_takes_the_best_rate_and_a_resume_keeps_it(tmp_path, 
     """`--lr auto` for many models: every rate's short run is scored by the run's own objective and the
     lowest wins (ties to the smaller rate); the plan is saved, so a resumed run takes that rate without
     searching again and ends where the uninterrupted run ends."""
-    from symmerge.match import learn_many as learn_many_module
+    from symmerge.match import lr_search
 
     models, weights = _three(tmp_path), [1 / 3] * 3
     train, val = lm_batches(3, 0), lm_batches(2, 1)
@@ -80,7 +80,7 @@ def test_many_model_lr_auto_takes_the_best_rate_and_a_resume_keeps_it(tmp_path, 
     assert len({x for x, _ in finite}) > 1  # the rates were told apart: the score depends on the rate
     with pytest.raises(Interrupted):
         learn_many(models, weights, train, val, cfg, checkpoint=tmp_path / "cut", on_step=lambda step: step == 300)
-    monkeypatch.setattr(learn_many_module, "choose_lr", lambda *a: pytest.fail("a resumed run searched again"))
+    monkeypatch.setattr(lr_search, "choose_lr", lambda *a: pytest.fail("a resumed run searched again"))
     resumed = learn_many(models, weights, train, val, cfg, checkpoint=tmp_path / "cut", resume=True)
     assert resumed.report["settings"]["lr"] == s["chosen"]
     assert all(torch.equal(resumed.elements[i][k], whole.elements[i][k]) for i in range(3) for k in whole.elements[i])

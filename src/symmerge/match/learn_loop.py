@@ -3,9 +3,9 @@ learning on past the plan, checkpoints and resume (see `learned.py` for the meth
 for the files).
 
 Learning on (`LearnConfig.extend` > 1): a run whose best state is its last evaluation, its value (the
-barrier, or the many-model objective) below the one before by more than `FLAT` nats, was still improving when its
-cosine schedule ended. It then learns one
-more chunk (a quarter of the planned steps, whole evaluation intervals) on a cosine cycle of its own
+barrier, or the many-model objective) below the one before by more than `FLAT` nats, was still improving
+when its cosine schedule ended. It then learns one more chunk (a quarter of the planned steps, whole
+evaluation intervals) on a cosine cycle of its own
 from half the planned rate, and again after each chunk that ends the same way, while the steps stay
 within `extend` times the planned ones. The best state is kept as always, so learning on never makes the
 result worse; it costs at most (extend - 1) x the planned steps. Where it fails: a curve that improves

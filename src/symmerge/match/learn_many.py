@@ -46,7 +46,7 @@ from .learn_config import DTYPES, LearnConfig
 from .learn_loop import Result, Run
 from .learn_state import load_plan, save_plan
 from .learner import Slot, eps_scale, lap, prepare, select
-from .lr_search import choose_lr
+from .lr_search import run_rate
 from .objectives import SimplexObjective
 from .parametrize import learnable, parametrization, resolve_methods, straight_through
 
@@ -194,9 +194,9 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
                on_step=None) -> Result:
     """Run learned or dual matching of many models (module docstring): the elements (one per model) and a
     JSON-able report. `cfg`'s length is made concrete here (`steps`, or `epochs` over `train`; evaluations
-    every `eval_every`, or `evaluations` in the run); its rate a number or "auto" (`lr_search.choose_lr` on
-    the run's objective, saved in the checkpoint's plan). checkpoint: folder for
-    the run's state; resume: continue from it; on_step(step) -> True stops the run like Ctrl-C."""
+    every `eval_every`, or `evaluations` in the run); its rate a number or "auto" (`lr_search.run_rate`: searched
+    on the run's objective, saved in the checkpoint's plan). checkpoint: folder for the run's state; resume:
+    continue from it; on_step(step) -> True stops the run like Ctrl-C."""
     if not train or not val:
         raise SymmergeError(f"{cfg.method} merging needs training and validation batches (--data)")
     steps = cfg.run_steps(len(train))
@@ -206,13 +206,11 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
     if init is not None:
         init = [group.broadcast(g) for g in init]
     learner = ManyLearner(models, cfg, init, weights, val_points)
-    search = None
-    if cfg.lr == "auto":  # chosen once; a resumed run takes the rate its plan recorded
-        saved = load_plan(checkpoint) if resume and checkpoint is not None else None
-        lr, search = (saved["lr"], saved["lr_search"]) if saved else choose_lr(learner, train, val, cfg)
-        learner.cfg = cfg = replace(cfg, lr=lr)
-        if checkpoint is not None and not resume:
-            save_plan(checkpoint, {"lr": lr, "lr_search": search})
+    saved = load_plan(checkpoint) if resume and checkpoint is not None else None
+    lr, search = run_rate(learner, train, val, cfg, saved)  # "auto": chosen once, a resumed run takes its plan's
+    learner.cfg = cfg = replace(cfg, lr=lr)
+    if search is not None and checkpoint is not None and not resume:
+        save_plan(checkpoint, {"lr": lr, "lr_search": search})
     result = Run(learner, train, val, checkpoint, on_step).go(resume)
     result.report["gauge"] = gauge_note(learner.n)
     if search is not None:

@@ -69,7 +69,7 @@ def make_plan(learner, train: list[dict], val: list[dict], cfg: LearnConfig, sav
     """The run's plan. `saved`: the plan of the run being resumed, whose "auto" choices (validation
     size, rate) are taken over rather than made again; everything else follows `cfg`, so a resumed
     run given other settings is refused by the checkpoint's settings check."""
-    from .lr_search import choose_lr
+    from .lr_search import run_rate
 
     t0 = time.perf_counter()
     steps = cfg.run_steps(len(train))
@@ -82,12 +82,9 @@ def make_plan(learner, train: list[dict], val: list[dict], cfg: LearnConfig, sav
         n_val, info = size_validation(learner, val, cfg)
     plan = {"train_batches": len(train), "epochs": steps / len(train), "steps": steps, "eval_every": every,
             "val_batches": n_val, **info}
-    if cfg.lr == "auto" and saved is not None and "lr_search" in saved:
-        plan["lr"], plan["lr_search"] = saved["lr"], saved["lr_search"]
-    elif cfg.lr == "auto":
-        plan["lr"], plan["lr_search"] = choose_lr(learner, train, val[:n_val], replace(cfg, steps=steps, eval_every=every))
-    else:
-        plan["lr"] = float(cfg.lr)
+    plan["lr"], search = run_rate(learner, train, val[:n_val], replace(cfg, steps=steps, eval_every=every), saved)
+    if search is not None:
+        plan["lr_search"] = search
     plan["seconds"] = round(time.perf_counter() - t0, 3)
     if cfg.progress:
         tqdm.write(plan_line(plan))

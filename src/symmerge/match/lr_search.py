@@ -186,3 +186,14 @@ def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> 
               "seconds": round(time.perf_counter() - t0, 3)}
     return chosen, record
 
+
+def run_rate(learner, train: list[dict], val: list[dict], cfg: LearnConfig,
+             saved: dict | None = None) -> tuple[float, dict | None]:
+    """(the rate a run uses, its search's record or None) for `cfg`, a resolved run whose validation batches
+    are `val`: the given rate; for "auto" the rate of `saved` (the plan of the run being resumed) when it
+    holds a search, else `choose_lr`'s."""
+    if cfg.lr != "auto":
+        return float(cfg.lr), None
+    if saved is not None and "lr_search" in saved:
+        return saved["lr"], saved["lr_search"]
+    return choose_lr(learner, train, val, cfg)
