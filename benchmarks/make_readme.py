@@ -97,8 +97,8 @@ def section(result: dict) -> list[str]:
         out += [_wrap("Inputs: the data beside the checkout, `../shared/data` (`tinyshakespeare.txt`, GPT-2's "
                       "`encoder.json` and `vocab.bpe`, `mnist/mnist.pkl.gz`)."), ""]
     elif inputs:
-        names = " ".join(i.split(" ")[0] for i in inputs)
-        out += [_wrap(f"Inputs: {', '.join(f'`{i}`' for i in inputs)}, trained by `python benchmarks/pairs.py {names}`."), ""]
+        train = result.get("pairs_command") or "python benchmarks/pairs.py " + " ".join(i.split(" ")[0] for i in inputs)
+        out += [_wrap(f"Inputs: {', '.join(f'`{i}`' for i in inputs)}, trained by `{train}`."), ""]
     else:
         out += ["Inputs: none to train (the script builds its own random or built-in inputs).", ""]
     if not result["records"]:

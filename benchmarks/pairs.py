@@ -11,6 +11,7 @@ or `--data-root`).
     python benchmarks/pairs.py --list                       # every name, its models and commands
     python benchmarks/pairs.py vit-demo llama-char-demo     # both seeds of each
     python benchmarks/pairs.py vit-demo --seeds 0,1,2,3     # the many-model benchmark's four ViTs
+    python benchmarks/pairs.py --set many-width --jobs 2    # default_many.py's models, two trained at once
 
 Each name is a family of models that differ only in the seed (`{seed}` in the folder and command).
 """
@@ -22,6 +23,8 @@ import json
 import shlex
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import record
@@ -67,6 +70,13 @@ PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
 }
 
 
+#: a named set of models -> (pairs.py name, seeds or None for the name's own) for each member
+SETS: dict[str, list[tuple[str, tuple[int, ...] | None]]] = {
+    "many-width": [(four, (0, 1, 2, 3)) for four in ("vit-demo", "gpt2-char-demo", "llama-char-demo")]
+    + [(wide, None) for wide in ("vit-wide", "gpt2-char-wide", "llama-char-wide")],
+}
+
+
 def commands(name: str, seeds: tuple[int, ...] | None = None, runs: str = "runs", data: str = "../shared/data",
              threads: int = 1) -> list[tuple[str, list[str]]]:
     """(folder, `symmerge train` argv) for every seed of `name`."""
@@ -87,27 +97,42 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help=f"models to train: {', '.join(PAIRS)}")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the name's own)")
+    ap.add_argument("--set", choices=list(SETS), default=None, help="train a named set of models (with the names given)")
     ap.add_argument("--runs", default="runs", help="folder the models are written under")
     ap.add_argument("--data-root", default="../shared/data", help="folder holding tinyshakespeare.txt and mnist/")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=1, help="models trained at once (each at --threads)")
     ap.add_argument("--list", action="store_true", help="print every name and its commands")
     record.add_argument(ap, "pairs")
     args = ap.parse_args(argv)
-    if args.list or not args.names:
+    if args.list or not (args.names or args.set):
         for name in PAIRS:
             print(f"{name}:\n{describe(name)}\n")
         return 0
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
-    for name in args.names:
+    wanted = [(name, seeds) for name in args.names] + SETS.get(args.set, [])
+    for name, _ in wanted:
         if name not in PAIRS:
             raise SystemExit(f"unknown name {name!r}: choose from {', '.join(PAIRS)}")
-        for folder, train in commands(name, seeds, args.runs, args.data_root, args.threads):
+    todo = []
+    for name, s in wanted:
+        for folder, train in commands(name, s, args.runs, args.data_root, args.threads):
             if (Path(folder) / "model.safetensors").is_file():
                 print(f"skip {folder} (trained)")
-                continue
-            print("symmerge " + shlex.join(train), flush=True)
-            subprocess.run([sys.executable, "-m", "symmerge", *train], check=True)
-        rows = [trained(folder) for folder, _ in commands(name, seeds, args.runs, args.data_root, args.threads)]
+            else:
+                todo.append(train)
+
+    def run(train: list[str]) -> None:
+        print("symmerge " + shlex.join(train), flush=True)
+        subprocess.run([sys.executable, "-m", "symmerge", *train], check=True, stdout=subprocess.DEVNULL)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        list(pool.map(run, todo))
+    print(f"trained {len(todo)} models in {time.perf_counter() - t0:.0f} s ({args.jobs} at once, "
+          f"{args.threads} thread each)", flush=True)
+    for name, s in wanted:
+        rows = [trained(folder) for folder, _ in commands(name, s, args.runs, args.data_root, args.threads)]
         record.save(args.results, "pairs", name, name, [record.table(name, COLUMNS, rows)])
     return 0
 

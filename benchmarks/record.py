@@ -1,6 +1,7 @@
 """One schema for every benchmark's result, `benchmarks/results/<name>.json`, and the one writer of it.
 
     {"benchmark": NAME, "script": "benchmarks/NAME.py", "measures": "...", "inputs": ["pairs.py name", ...],
+     ["pairs_command": "python benchmarks/pairs.py ..." where the names alone do not train the inputs,]
      "records": [{"key": ..., "title": ..., "commands": ["python benchmarks/NAME.py ..."],
                   "commit": 40 hex digits, "machine": {"cpu": ..., "cores": ..., "torch": ...},
                   "threads": torch threads, "tables": [{"title": ..., "columns": [...], "rows": [[...]]}],

@@ -35,7 +35,7 @@ from test_weight_matching import SUPPORTED
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 METHODS = ("weight", "activation", "learned", "dual")
-QUICK = {"max_rounds": 3, "max_iters": 5, "steps": 0, "eval_every": 2, "val_simplex_points": 2}
+QUICK = {"recipe": "quick", "max_rounds": 3, "max_iters": 5, "steps": 0, "eval_every": 2, "val_simplex_points": 2}
 
 
 def own_labels(model, batches: list[dict]) -> list[dict]:

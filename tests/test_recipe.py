@@ -204,6 +204,35 @@ def test_cli_defaults_and_the_quick_recipe(tmp_path, capsys):
     assert len(rep["history"][0]["losses"]) == 5
 
 
+def test_merge_takes_the_same_recipe(tmp_path, capsys):
+    """`merge --method dual` with no tuning flags runs the full recipe as align does: batches of 1024 tokens,
+    every training batch for 4 epochs, evaluations spread over the run, learning on
+    (--extend 2); this run is too short for --lr auto's search, so dual's fixed rate is used and the end
+    line says so; --lr auto asked for is refused with nothing written; `--recipe quick` is the smoke test."""
+    from symmerge import cli
+
+    common, _, _ = char_pair(tmp_path, 8000)
+    models, data = common[:2], common[-1]
+    train = load_batches(models[0], data, "train", 32)
+    js = tmp_path / "r.json"
+    assert cli.main(["merge", *models, "--method", "dual", "--data", data, "-o", str(tmp_path / "m"),
+                     "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    settings = rep["settings"]
+    assert rep["planned_steps"] == 4 * len(train) and settings["extend"] == 2.0 and settings["val_batches"] == "auto"
+    assert settings["eval_every"] == -(-rep["planned_steps"] // 10) and settings["lr"] == DEFAULT_LR["dual"]
+    assert "too short for --lr auto" in rep["lr_note"]
+    assert "too short for --lr auto" in capsys.readouterr().out
+    assert cli.main(["merge", *models, "--method", "dual", "--data", data, "-o", str(tmp_path / "no"),
+                     "--lr", "auto"]) == 2
+    assert "needs a longer run" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert cli.main(["merge", *models, "--method", "dual", "--data", data, "-o", str(tmp_path / "q"),
+                     "--recipe", "quick", "--steps", "6", "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    assert rep["planned_steps"] == 6 and rep["settings"]["eval_every"] == 25 and "lr_note" not in rep
+    assert f"lr {DEFAULT_LR['dual']:.3g}" in capsys.readouterr().out
+
+
 def _history(barriers):
     return [{"step": 10 * i, "barrier": b, "losses": []} for i, b in enumerate(barriers)]
 

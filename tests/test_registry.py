@@ -21,12 +21,12 @@ from symmerge.store.report import SCHEMA_VERSION, dumps, stamped
 
 def test_align_parser_defaults_are_the_options_defaults():
     """Every option's argparse default is its options class's (None where it differs by method or recipe,
-    filled in by `Options.resolved`; --recipe: the pair's recipe); `options_for` gives learned/dual the full
+    filled in by `Options.resolved`; --recipe: the default recipe); `options_for` gives learned/dual the full
     recipe (the `LearnConfig` defaults), or the quick one, and activation matching its own data defaults."""
     args = build_parser().parse_args(["align", "a", "b", "-o", "out"])
     for name, f in option_fields().items():
         per = {registry.get(m).options().default_for(name, r) for m in users(name) for r in RECIPES}
-        expected = (opt.PAIR_RECIPE if name == "recipe" else
+        expected = (opt.DEFAULT_RECIPE if name == "recipe" else
                     f.default if len(per) == 1 and not any(registry.get(m).options.__dataclass_fields__[name]
                                                            .metadata["recipe"] for m in users(name)) else None)
         assert getattr(args, name) == expected, name
@@ -41,7 +41,9 @@ def test_align_parser_defaults_are_the_options_defaults():
         quick = registry.options_for(method, {"recipe": "quick"})
         assert quick["lr"] == DEFAULT_LR[method] and quick["steps"] == RECIPES["quick"]["steps"] == 200
         assert (quick["batch_size"], quick["max_batches"], quick["epochs"]) == (8, 8, None)
-        assert registry.many_options_for(method)["recipe"] == opt.MANY_RECIPE == "quick"  # merge's recipe
+        many = registry.many_options_for(method)  # merge's: the same recipe, and the rounds' options
+        assert many["recipe"] == opt.DEFAULT_RECIPE == "full" and many["lr"] == "auto" and many["epochs"] == 4.0
+        assert registry.many_options_for(method, {"recipe": "quick"})["steps"] == 200
     assert {k: registry.options_for("activation", vars(args))[k] for k in ("batch_size", "max_batches")} == {
         "batch_size": 8, "max_batches": 8}
     given = build_parser().parse_args(["align", "a", "b", "-o", "out", "--lr", "0.3", "--lam-range", "0.2,0.7"])

@@ -94,13 +94,15 @@ def _align_in_memory(a, b, method, options, groups, data, split, seq_len, device
 
 def merge(models: list, out, method: str = "weight", options: Options | dict | None = None,
           rounds: ManyOptions | dict | None = None, *, weights: list[float] | None = None, groups="default", data=None,
-          batch_size: int = 8, max_batches: int = 8, seq_len: int | None = None, aligned=None, force: bool = False,
-          out_dtype=None, device: str | None = None, dtype: str | None = None, resume: bool = False, report=None,
-          progress: bool = False) -> Result | None:
+          batch_size: int | None = None, max_batches: int | None = None, seq_len: int | None = None, aligned=None,
+          force: bool = False, out_dtype=None, device: str | None = None, dtype: str | None = None, resume: bool = False,
+          report=None, progress: bool = False) -> Result | None:
     """Bring every model (folders or ids, one architecture; mixed widths expanded into the widest) into
     shared coordinates and write their weighted average to OUT (`merge_many.merge_models`); with `aligned`,
     every aligned model to `aligned/1 ... n`. `data` (activation, learned, dual): `batch_size` and
-    `max_batches` are the training batches' (validation: `options.val_batches`). Learned and dual: `resume`
+    `max_batches` are the training batches' (None: the options', for learned and dual the recipe's; validation:
+    `options.val_batches`); the recipe's `--lr auto` on a run too short for its search takes the method's
+    fixed rate (`lr_search.affordable_rate`, the report's `lr_note`). Learned and dual: `resume`
     continues an interrupted run of OUT; under torchrun every process takes its rows of each batch and the
     first writes OUT (the others return None)."""
     from .algebra.simplex import check_weights
@@ -110,6 +112,9 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
     from .runtime import devices, distributed
     from .runtime.checks import check_report_file
     from .workflows.merge_many import merge_models
+    from .match.lr_search import affordable_rate
+    from .match.options import learn_config
+    from .workflows.pair import batch_size as recipe_batch_size
     from .workflows.pair import validation_batches
 
     paths = [_path(m) for m in models]
@@ -127,16 +132,25 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
     def batches():
         if not matcher.needs_data or isinstance(data, registry.Data):
             return data if matcher.needs_data else None
-        train = load_batches(paths[0], data, "train", batch_size, seq_len, max_batches)
-        val = validation_batches(opts, data, paths[0], batch_size, seq_len, method) if matcher.validates else []
+        size = batch_size if batch_size is not None else recipe_batch_size(opts, paths[0], seq_len)
+        count = max_batches if max_batches is not None else opts["max_batches"]
+        train = load_batches(paths[0], data, "train", size, seq_len, count)
+        val = validation_batches(opts, data, paths[0], size, seq_len, method) if matcher.validates else []
         return registry.Data(train, val)
 
     group = distributed.init(device) if matcher.validates else distributed.current()  # torchrun: learned/dual
+    batched, note = group.agree(batches), None
+    if matcher.validates:
+        lr_given = registry.options(method, options).lr is not None
+        opts["lr"], note = affordable_rate(learn_config(method, None, opts, progress=False), batched.train,
+                                           batched.val, lr_given)
     rep = merge_models(paths, out, weights, method, groups, aligned, force, opts, progress=progress, dtype=out_dtype,
-                       data=group.agree(batches), place=place, data_name=data if isinstance(data, str) else None,
+                       data=batched, place=place, data_name=data if isinstance(data, str) else None,
                        resume=resume)
     if rep is None:
         return None
+    if note:
+        rep["lr_note"] = note
     result = Result("merge", rep, Path(out))
     if report:
         result.save(report)

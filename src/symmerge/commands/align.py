@@ -10,7 +10,7 @@ from dataclasses import MISSING
 
 from ..algebra.spec import FAMILIES
 from ..match import registry
-from ..match.options import PAIR_RECIPE
+from ..match.options import DEFAULT_RECIPE
 from ..runtime import devices
 from . import out_dtype
 from .help_sections import DATA, DEVICE, LEARNED, MATCHING, Sections, output_section, section_of
@@ -34,7 +34,7 @@ def register(sub) -> None:
     data.add_argument("--split", default="train", help="activation matching's split (learned/dual: train and validation)")
     data.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's context)")
     for name in option_fields():
-        add_option(sections.get(section_of(name)), name, help_of(name), default=PAIR_RECIPE if name == "recipe" else MISSING)
+        add_option(sections.get(section_of(name)), name, help_of(name), default=DEFAULT_RECIPE if name == "recipe" else MISSING)
     learn = sections.get(LEARNED)
     learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
     learn.add_argument("--shard-endpoints", type=int, nargs="?", const=0, default=None, metavar="K",

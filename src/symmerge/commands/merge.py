@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 from ..algebra.spec import FAMILIES
 from ..match import registry
-from ..match.options import MANY_RECIPE, ManyOptions
+from ..match.options import DEFAULT_RECIPE, ManyOptions
 from ..runtime import devices
 from ..runtime.values import at_least
 from . import out_dtype
@@ -16,7 +16,8 @@ from .transform import parse_groups
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here), and
 #: the many-model options only learned / dual read
-LEARN_OPTIONS = ("param", "steps", "lr", "seed", "eval_every", "extend", "val_batches", "val_data", "recompute")
+LEARN_OPTIONS = ("recipe", "param", "steps", "epochs", "lr", "seed", "eval_every", "extend", "val_batches", "val_data",
+                 "recompute")
 MANY_LEARN_OPTIONS = ("val_simplex_points",)
 MANY = [f.name for f in fields(ManyOptions)]
 
@@ -44,13 +45,14 @@ def register(sub) -> None:
             add_option(rounds, name, help_of(name, ManyOptions), cls=ManyOptions)
     data = sections.get(DATA, "activation, learned and dual matching run the models on batches of --data")
     data.add_argument("--data", default=None, help="data set, as align's --data: the train split (learned/dual: validation too)")
-    data.add_argument("--batch-size", type=at_least(1), default=8, help="sequences (images) per batch")
+    data.add_argument("--batch-size", type=at_least(1), default=None, help="sequences (images) per batch (default: "
+                      "activation: 8; learned/dual: the recipe's)")
     data.add_argument("--seq-len", type=at_least(1), default=None, help="tokens per sequence (default: context)")
-    data.add_argument("--max-batches", type=at_least(1), default=8, help="training batches")
-    learn = sections.get(LEARNED, f"the {MANY_RECIPE} recipe's defaults; every flag overrides them")
+    data.add_argument("--max-batches", type=at_least(1), default=None, help="training batches (default: activation: "
+                      "8; learned/dual: the recipe's, full: all of the split)")
+    learn = sections.get(LEARNED, "the recipe's defaults, as align's; every flag overrides them")
     for name in LEARN_OPTIONS:
-        text = help_of(name).replace(" (instead of --epochs)", "")  # merge has no --epochs
-        add_option(learn, name, text, recipes=(MANY_RECIPE,))
+        add_option(learn, name, help_of(name), default=DEFAULT_RECIPE if name == "recipe" else MISSING)
     for name in MANY_LEARN_OPTIONS:
         add_option(learn, name, help_of(name, ManyOptions).removeprefix("learned/dual: "), cls=ManyOptions)
     learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
@@ -78,7 +80,16 @@ def run(args) -> int:
             else f"stopped at --max-rounds {rep['rounds']}")
     what = "similarity to the mean" if args.method != "activation" else "minus the average's loss"
     tail = (f"; validation objective {rep['objective_before']:.4f} -> {rep['objective_after']:.4f} ({rep['gauge']})"
-            if registry.get(args.method).validates else "")
+            f"{_rate(rep)}" if registry.get(args.method).validates else "")
     print(f"wrote {args.out}: {len(args.models)} models merged by {args.method} matching; {what} "
           f"{h[0]:.6f} -> {h[-1]:.6f} in {rep['rounds']} rounds ({stop}, {rep['seconds']:.1f}s){tail}")
     return 0
+
+
+def _rate(rep: dict) -> str:
+    """Learned / dual: the rate the run took, and how it was chosen."""
+    search, note = rep.get("lr_search"), rep.get("lr_note")
+    if note:
+        return f"; {note}"
+    how = f" (--lr auto: best of {len(search['rates'])} rates x {search['steps_each']} steps)" if search else ""
+    return f"; lr {rep['settings']['lr']:.3g}{how}"

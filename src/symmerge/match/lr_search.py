@@ -121,6 +121,21 @@ def check_budget(cfg: LearnConfig, n_train: int, n_val: int, ratio: float = 1.0)
     plan(cfg.run_steps(n_train), n_val, planned_rates(cfg.method), ratio)
 
 
+def affordable_rate(cfg: LearnConfig, train: list[dict], val: list[dict], lr_given: bool) -> tuple[float | str, str | None]:
+    """(the rate to run with, a note or None), before any work. `lr="auto"` on a run too short for its search
+    (`check_budget`: a tiny data set) is refused where the user asked for it (`lr_given`); where it is only
+    the recipe's default, the method's fixed rate is taken instead and the note says so (for the report and
+    the end-of-run line)."""
+    try:
+        check_budget(cfg, len(train), len(val), size_ratio(train, val))
+    except SymmergeError:
+        if lr_given:
+            raise
+        rate = DEFAULT_LR[cfg.method]
+        return rate, f"lr {rate:g}, the method's fixed rate: this run is too short for --lr auto's search"
+    return cfg.lr, None
+
+
 def choose_lr(learner, train: list[dict], val: list[dict], cfg: LearnConfig) -> tuple[float, dict]:
     """(the chosen rate, the search's record) for `cfg`, a resolved run (`steps`, `eval_every` set)
     whose validation batches are `val`. `learner` is left as it came (its start, its config)."""

@@ -3,7 +3,7 @@
 Each field holds its one default and, in its metadata (`option`), the help text and the parser of its
 command-line text (`parse`, an argparse type: the CLI builds its flags from these fields) and its
 `choices`. A field whose default is None with a `recipe` key takes the recipe's value (`learn_config.RECIPES`:
-`full` for a pair, `quick` for many models, unless `recipe` names one); None given for any other field
+`full` for pairs and many models alike, unless `recipe` names one); None given for any other field
 means its default. `resolved()` is what the matcher runs with: every value filled in, as a dict.
 
 Where a check fails: `__post_init__` raises a one-line `SymmergeError` naming the class, the field and the
@@ -43,9 +43,8 @@ from .many import ROUND_TOL
 from .weight import weight_match
 from .weight_products import CHOICES
 
-#: the recipe of learned / dual matching for a pair (`align`) and for many models (`merge`: the full
-#: recipe's epochs and --lr auto are built for pairwise matching only)
-PAIR_RECIPE, MANY_RECIPE = "full", "quick"
+#: the recipe of learned / dual matching where none is named, for a pair (`align`) and for many models (`merge`)
+DEFAULT_RECIPE = "full"
 
 
 def option(default, help: str, parse=None, choices: tuple | None = None, recipe: str | None = None):
@@ -122,7 +121,7 @@ class Options:
         key = f.metadata.get("recipe")
         return recipe_value(recipe, key, self.METHOD) if key is not None and f.default is None else f.default
 
-    def resolved(self, recipe: str = PAIR_RECIPE) -> dict:
+    def resolved(self, recipe: str = DEFAULT_RECIPE) -> dict:
         """Every option's value (the recipe's where none is given), by field name. A run's length is one of
         `LENGTH`: the one given explicitly drops the recipe's other, and fixes the length (`extend` 1 unless
         given too)."""

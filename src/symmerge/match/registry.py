@@ -34,7 +34,6 @@ import torch
 
 from ..errors import SymmergeError
 from .options import (
-    MANY_RECIPE,
     ActivationOptions,
     DualOptions,
     LearnedOptions,
@@ -227,9 +226,9 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
 
 
 def many_options_for(name: str, given=None, rounds=None) -> dict:
-    """`options_for(name)` under the many-model recipe (`options.MANY_RECIPE`), and the rounds' options
+    """`options_for(name)` (the default recipe where none is named), and the rounds' options
     (`ManyOptions`, from `rounds`, else from `given`'s keys that name them)."""
-    out = options_for(name, given, MANY_RECIPE)
+    out = options_for(name, given)
     rounds = ManyOptions.of(given if rounds is None and not isinstance(given, Options) else rounds)
     return {**out, **rounds.resolved()}
 

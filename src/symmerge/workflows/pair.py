@@ -212,21 +212,12 @@ def _streamed(a, b, out, matcher, families, opts, place, data, split, seq_len, f
 
 
 def _affordable_rate(matcher, families, opts, data, lr_given: bool) -> str | None:
-    """Before any work: `--lr auto` asked for on a run too short for its search is refused; the
-    recipe's `auto` on such a run (a tiny data set) becomes the method's fixed rate, and the note
-    returned says so (it goes into the report and the end-of-run line)."""
-    from ..match.learn_config import DEFAULT_LR
-    from ..match.lr_search import check_budget, size_ratio
+    """`lr_search.affordable_rate` for these options (whose rate it sets); its note."""
+    from ..match.lr_search import affordable_rate
 
-    try:
-        check_budget(learn_config(matcher.name, families, opts, progress=False), len(data.train),
-                     len(data.val), size_ratio(data.train, data.val))
-    except SymmergeError:
-        if lr_given:
-            raise
-        opts["lr"] = DEFAULT_LR[matcher.name]
-        return f"lr {opts['lr']:g}, the method's fixed rate: this run is too short for --lr auto's search"
-    return None
+    opts["lr"], note = affordable_rate(learn_config(matcher.name, families, opts, progress=False), data.train,
+                                       data.val, lr_given)
+    return note
 
 
 def _learned(a, b, out, matcher, families, options, place, data, seq_len, force, out_dtype, resume,
