@@ -109,11 +109,11 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
     from .data.batches import load_batches
     from .errors import SymmergeError
     from .match import registry
+    from .match.lr_search import affordable_rate
+    from .match.options import learn_config
     from .runtime import devices, distributed
     from .runtime.checks import check_report_file
     from .workflows.merge_many import merge_models
-    from .match.lr_search import affordable_rate
-    from .match.options import learn_config
     from .workflows.pair import batch_size as recipe_batch_size
     from .workflows.pair import validation_batches
 
