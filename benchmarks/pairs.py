@@ -75,6 +75,8 @@ SETS: dict[str, list[tuple[str, tuple[int, ...] | None]]] = {
     "many-width": [(four, (0, 1, 2, 3)) for four in ("vit-demo", "gpt2-char-demo", "llama-char-demo")]
     + [(wide, None) for wide in ("vit-wide", "gpt2-char-wide", "llama-char-wide")],
 }
+SET_TITLES = {"many-width": "the many-model and width set (benchmarks/default_many.py): four models each of vit-demo, "
+                            "gpt2-char-demo and llama-char-demo (seeds 0-3), and the wide model of each (seed 1)"}
 
 
 def commands(name: str, seeds: tuple[int, ...] | None = None, runs: str = "runs", data: str = "../shared/data",
@@ -131,9 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         list(pool.map(run, todo))
     print(f"trained {len(todo)} models in {time.perf_counter() - t0:.0f} s ({args.jobs} at once, "
           f"{args.threads} thread each)", flush=True)
-    for name, s in wanted:
-        rows = [trained(folder) for folder, _ in commands(name, s, args.runs, args.data_root, args.threads)]
-        record.save(args.results, "pairs", name, name, [record.table(name, COLUMNS, rows)])
+    groups = [(name, name, [(name, s)]) for name, s in wanted[:len(args.names)]]
+    if args.set:
+        groups.append((args.set, SET_TITLES[args.set], SETS[args.set]))
+    for key, title, members in groups:
+        rows = [trained(folder) for name, s in members
+                for folder, _ in commands(name, s, args.runs, args.data_root, args.threads)]
+        total = sum(float(r[2]) for r in rows)
+        record.save(args.results, "pairs", key, title, [record.table(key, COLUMNS, rows)],
+                    notes=f"training time summed over the models: {total:.0f} s ({total / 60:.1f} min at one thread; "
+                          f"{total / 120:.1f} min two at a time at one thread each, when they take as long); times as "
+                          "measured, on a machine shared with other jobs")
     return 0
 
 

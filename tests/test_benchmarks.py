@@ -105,7 +105,7 @@ def test_the_readme_says_how_long_each_pair_takes_to_rebuild_at_2_threads():
     slow = json.loads(json.dumps(result).replace('"1058 s"', '"1900 s"'))
     assert rebuild_times.rebuild_rows(slow)[list(pairs.PAIRS).index("gpt2-bpe-small-240")][3] == "no"
     assert "Over 30 minutes: gpt2-bpe-small-240." in " ".join(rebuild_times.section(slow))
-    assert rows["vit-demo"][2:] == ["not recorded", "not known"]
+    assert rows["neox-seq-char-demo"][2:] == ["not recorded", "not known"]
 
 
 def test_records_say_plainly_what_they_do_not_know_of_the_machine():
