@@ -97,3 +97,25 @@ def test_streamed_equals_in_memory_to_the_bit(folders, strides, monkeypatch):
         assert same, (lazy.history, held.history)
     else:
         assert not same, "the layout of the cached mean made no difference: the test proves nothing"
+
+
+def test_cli_blocks_flag_reaches_the_many_model_matcher(folders, tmp_path, monkeypatch):
+    """`merge --method activation --blocks activation` is the many-model matcher with blocks="activation" (the
+    API's result, to the bit), and the default (`weight`, the per-block groups re-solved given the rotation)
+    gives another element: the flag is not ignored."""
+    from safetensors.torch import load_file
+
+    import symmerge.data.batches
+    from symmerge import api
+    from symmerge.cli import main
+
+    batches = _batches()
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", lambda *a, **k: batches)
+    common = [*map(str, folders), "--method", "activation", "--data", "fake", "--max-rounds", "2"]
+    assert main(["merge", *common[:3], "-o", str(tmp_path / "act"), *common[3:], "--blocks", "activation"]) == 0
+    assert main(["merge", *common[:3], "-o", str(tmp_path / "wt"), *common[3:]]) == 0
+    api.merge(list(folders), tmp_path / "api", "activation", {"blocks": "activation"}, {"max_rounds": 2},
+              data="fake")
+    act, wt, ref = (load_file(tmp_path / n / "model.safetensors") for n in ("act", "wt", "api"))
+    assert all(torch.equal(act[k], ref[k]) for k in ref)
+    assert any(not torch.allclose(act[k], wt[k], atol=1e-6) for k in act)

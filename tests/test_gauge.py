@@ -132,7 +132,9 @@ def test_out_dtype(tmp_path, command, dtype):
     got = logits(_stock(out, "llama_untied"), x)
     err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
     eps = torch.finfo(dtype).eps
-    assert err <= 50 * eps
+    # weights rounded once to the dtype (half an eps each), through two layers: measured at most 1.4 eps of the
+    # logits' scale over these four cases; 8 eps leaves room for other machines' arithmetic, the control is at 100
+    assert err <= 8 * eps
     # negative control: the other input's function (OUT written from the wrong model)
     other = logits(_stock(a if source == b else b, "llama_untied"), x)
     assert float((got - other).abs().max()) / max(1.0, float(want.abs().max())) > 100 * eps
