@@ -152,6 +152,10 @@ FIGURES = {f.name: f for f in (
                                   "{} of it"), "benchmark", command="benchmarks/default_dual.py neox-char-demo"),
     Figure("default-dual-llama", P("(RoPE on the whole\nhead) {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py llama-char-demo"),
+    Figure("default-many-vit", P("loss over the endpoints' mean of {} where plain averaging's is {}: {} of it"),
+           "benchmark", command="benchmarks/default_many.py vit"),
+    Figure("default-width-vit", P("left a barrier of {} where the bare expansion's is\n{}: {} of it (weight matching "
+                                  "alone: {} of it"), "benchmark", command="benchmarks/default_many.py vit"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -201,6 +205,13 @@ REFS: dict[str, tuple[Ref, ...]] = {
                                for c in ("default dual", "plain", "dual / plain")),
     "default-dual-llama": tuple(R("default_dual", "llama-char-demo", "llama-char-demo", c)
                                 for c in ("default dual", "plain", "dual / plain")),
+    "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
+                         R("default_many", "vit-many", "4 vit", "plain excess / simplex"),
+                         R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)", k=2)),
+    "default-width-vit": (R("default_many", "vit-width", "vit:", "default dual (ratio)"),
+                          R("default_many", "vit-width", "vit:", "bare expansion"),
+                          R("default_many", "vit-width", "vit:", "default dual (ratio)", k=1),
+                          R("default_many", "vit-width", "vit:", "weight (ratio)", k=1)),
 }
 FIGURES = {n: dataclasses.replace(f, refs=REFS[n]) if f.kind == "benchmark" else f for n, f in FIGURES.items()}
 
