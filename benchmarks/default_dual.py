@@ -61,16 +61,22 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
             f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
 
 
+def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.Namespace, Path]:
+    """The arguments of a benchmark that runs symmerge on trained models (`--runs`, `--data-root`, `--work`:
+    `work` by default, made here, and `--results`), and its work folder."""
+    ap.add_argument("--runs", default="runs", help="folder the models were trained under (pairs.py --runs)")
+    ap.add_argument("--data-root", default="../shared/data")
+    ap.add_argument("--work", default=work, help="folder of the outputs and reports")
+    record.add_argument(ap, name)
+    args = ap.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    return args, Path(args.work)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="+", help="pairs.py names, each trained at seeds 0 and 1")
-    ap.add_argument("--runs", default="runs", help="folder the models were trained under (pairs.py --runs)")
-    ap.add_argument("--data-root", default="../shared/data")
-    ap.add_argument("--work", default="runs/default-dual", help="folder of the outputs and reports")
-    record.add_argument(ap, "default_dual")
-    args = ap.parse_args()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = parse(ap, "default_dual", "runs/default-dual")
     for name in args.names:
         commands: list[str] = []
         row = measure(name, args.runs, args.data_root, work, commands)

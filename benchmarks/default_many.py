@@ -128,13 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="+", choices=list(FAMILIES))
     ap.add_argument("--part", choices=[*PARTS, "both"], default="both")
-    ap.add_argument("--runs", default="runs", help="folder the models were trained under (pairs.py --runs)")
-    ap.add_argument("--data-root", default="../shared/data")
-    ap.add_argument("--work", default="runs/default-many", help="folder of the outputs and reports")
-    record.add_argument(ap, "default_many")
-    args = ap.parse_args()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = default_dual.parse(ap, "default_many", "runs/default-many")
     for family in args.families:
         for part in PARTS if args.part == "both" else (args.part,):
             measure, columns, what = PARTS[part]
