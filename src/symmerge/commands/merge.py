@@ -20,6 +20,8 @@ LEARN_OPTIONS = ("recipe", "param", "steps", "epochs", "lr", "seed", "eval_every
                  "recompute")
 MANY_LEARN_OPTIONS = ("val_simplex_points",)
 MANY = [f.name for f in fields(ManyOptions)]
+#: where an option means something else for many models than for a pair
+MANY_HELP = {"val_batches": "validation batches that choose the best state; auto: every batch of the split"}
 
 
 def register(sub) -> None:
@@ -53,7 +55,8 @@ def register(sub) -> None:
                       "8; learned/dual: the recipe's, full: all of the split)")
     learn = sections.get(LEARNED, "the recipe's defaults, as align's; every flag overrides them")
     for name in LEARN_OPTIONS:
-        add_option(learn, name, help_of(name), default=DEFAULT_RECIPE if name == "recipe" else MISSING)
+        text = MANY_HELP.get(name, help_of(name))
+        add_option(learn, name, text, default=DEFAULT_RECIPE if name == "recipe" else MISSING)
     for name in MANY_LEARN_OPTIONS:
         add_option(learn, name, help_of(name, ManyOptions).removeprefix("learned/dual: "), cls=ManyOptions)
     learn.add_argument("--resume", action="store_true", help="continue the interrupted run of OUT")
