@@ -154,6 +154,8 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_dual.py llama-char-demo"),
     Figure("default-many-vit", P("loss over the endpoints' mean of {} where plain averaging's is {}: {} of it"),
            "benchmark", command="benchmarks/default_many.py vit"),
+    Figure("default-many-gpt2", P("(four character GPT-2s:\n{} against {}, {} of it)"), "benchmark",
+           command="benchmarks/default_many.py gpt2 --part many"),
     Figure("default-width-vit", P("left a barrier of {} where the bare expansion's is\n{}: {} of it (weight matching "
                                   "alone: {} of it"), "benchmark", command="benchmarks/default_many.py vit"),
 )}
@@ -208,6 +210,9 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
                          R("default_many", "vit-many", "4 vit", "plain excess / simplex"),
                          R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)", k=2)),
+    "default-many-gpt2": (R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)"),
+                          R("default_many", "gpt2-many", "4 gpt2", "plain excess / simplex"),
+                          R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)", k=2)),
     "default-width-vit": (R("default_many", "vit-width", "vit:", "default dual (ratio)"),
                           R("default_many", "vit-width", "vit:", "bare expansion"),
                           R("default_many", "vit-width", "vit:", "default dual (ratio)", k=1),
