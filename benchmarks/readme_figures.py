@@ -156,6 +156,8 @@ FIGURES = {f.name: f for f in (
            "benchmark", command="benchmarks/default_many.py vit"),
     Figure("default-many-gpt2", P("(four character GPT-2s:\n{} against {}, {} of it)"), "benchmark",
            command="benchmarks/default_many.py gpt2 --part many"),
+    Figure("default-width-gpt2", P("for character GPT-2s {} against {}, {}\nof it, and weight matching {};"),
+           "benchmark", command="benchmarks/default_many.py gpt2 --part width"),
     Figure("default-width-vit", P("left a barrier of {} where the bare expansion's is\n{}: {} of it (weight matching "
                                   "alone: {} of it"), "benchmark", command="benchmarks/default_many.py vit"),
 )}
@@ -213,6 +215,10 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-many-gpt2": (R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)"),
                           R("default_many", "gpt2-many", "4 gpt2", "plain excess / simplex"),
                           R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)", k=2)),
+    "default-width-gpt2": (R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)"),
+                           R("default_many", "gpt2-width", "gpt2:", "bare expansion"),
+                           R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)", k=1),
+                           R("default_many", "gpt2-width", "gpt2:", "weight (ratio)", k=1)),
     "default-width-vit": (R("default_many", "vit-width", "vit:", "default dual (ratio)"),
                           R("default_many", "vit-width", "vit:", "bare expansion"),
                           R("default_many", "vit-width", "vit:", "default dual (ratio)", k=1),
