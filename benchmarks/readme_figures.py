@@ -152,14 +152,16 @@ FIGURES = {f.name: f for f in (
                                   "{} of it"), "benchmark", command="benchmarks/default_dual.py neox-char-demo"),
     Figure("default-dual-llama", P("(RoPE on the whole\nhead) {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py llama-char-demo"),
-    Figure("default-many-vit", P("loss over the endpoints' mean of {} where plain averaging's is {}: {} of it"),
-           "benchmark", command="benchmarks/default_many.py vit"),
-    Figure("default-many-gpt2", P("(four character GPT-2s:\n{} against {}, {} of it)"), "benchmark",
+    Figure("default-many-vit", P("endpoints' mean of {} where plain averaging's is {} for ViTs ({} of it)"),
+           "benchmark", command="benchmarks/default_many.py vit --part many"),
+    Figure("default-many-gpt2", P("), {} against {} for character GPT-2s ({} of it)"), "benchmark",
            command="benchmarks/default_many.py gpt2 --part many"),
-    Figure("default-width-gpt2", P("for character GPT-2s {} against {}, {}\nof it, and weight matching {};"),
+    Figure("default-many-llama", P("and {} against {} for Llama-style models ({} of it)"), "benchmark",
+           command="benchmarks/default_many.py llama --part many"),
+    Figure("default-width-vit", P("barrier of {} where the bare expansion's is {} for ViTs ({} of it; weight matching "
+                                  "alone: {} of it)"), "benchmark", command="benchmarks/default_many.py vit --part width"),
+    Figure("default-width-gpt2", P("and {} against {} for character GPT-2s ({} of it; weight matching alone: {} of it)"),
            "benchmark", command="benchmarks/default_many.py gpt2 --part width"),
-    Figure("default-width-vit", P("left a barrier of {} where the bare expansion's is\n{}: {} of it (weight matching "
-                                  "alone: {} of it"), "benchmark", command="benchmarks/default_many.py vit"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -215,6 +217,9 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-many-gpt2": (R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)"),
                           R("default_many", "gpt2-many", "4 gpt2", "plain excess / simplex"),
                           R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)", k=2)),
+    "default-many-llama": (R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)"),
+                           R("default_many", "llama-many", "4 llama", "plain excess / simplex"),
+                           R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)", k=2)),
     "default-width-gpt2": (R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)"),
                            R("default_many", "gpt2-width", "gpt2:", "bare expansion"),
                            R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)", k=1),
