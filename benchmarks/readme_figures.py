@@ -162,8 +162,10 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_many.py llama --part many"),
     Figure("default-width-vit", P("barrier of {} where the bare expansion's is {} for ViTs ({} of it; weight matching "
                                   "alone: {} of it)"), "benchmark", command="benchmarks/default_many.py vit --part width"),
-    Figure("default-width-gpt2", P("and {} against {} for character GPT-2s ({} of it; weight matching alone: {} of it)"),
+    Figure("default-width-gpt2", P("), {} against {} for character GPT-2s ({} of it; weight matching alone: {} of it)"),
            "benchmark", command="benchmarks/default_many.py gpt2 --part width"),
+    Figure("default-width-llama", P("and {} against {} for Llama-style models ({} of it; weight matching alone: {} of "
+                                    "it)"), "benchmark", command="benchmarks/default_many.py llama --part width"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -228,6 +230,10 @@ REFS: dict[str, tuple[Ref, ...]] = {
                            R("default_many", "gpt2-width", "gpt2:", "bare expansion"),
                            R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)", k=1),
                            R("default_many", "gpt2-width", "gpt2:", "weight (ratio)", k=1)),
+    "default-width-llama": (R("default_many", "llama-width", "llama:", "default dual (ratio)"),
+                            R("default_many", "llama-width", "llama:", "bare expansion"),
+                            R("default_many", "llama-width", "llama:", "default dual (ratio)", k=1),
+                            R("default_many", "llama-width", "llama:", "weight (ratio)", k=1)),
     "default-width-vit": (R("default_many", "vit-width", "vit:", "default dual (ratio)"),
                           R("default_many", "vit-width", "vit:", "bare expansion"),
                           R("default_many", "vit-width", "vit:", "default dual (ratio)", k=1),
