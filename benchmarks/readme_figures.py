@@ -154,6 +154,8 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_dual.py llama-char-demo"),
     Figure("default-dual-gpt2", P("on the character GPT-2 demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py gpt2-char-demo"),
+    Figure("default-dual-vit", P("on the MNIST ViT demo pair {} against {}: {} of it"), "benchmark",
+           command="benchmarks/default_dual.py vit-demo"),
     Figure("default-many-vit", P("endpoints' mean of {} where plain averaging's is {} for ViTs ({} of it)"),
            "benchmark", command="benchmarks/default_many.py vit --part many"),
     Figure("default-many-gpt2", P("), {} against {} for character GPT-2s ({} of it)"), "benchmark",
@@ -217,6 +219,7 @@ REFS: dict[str, tuple[Ref, ...]] = {
                                 for c in ("default dual", "plain", "dual / plain")),
     "default-dual-gpt2": tuple(R("default_dual", "gpt2-char-demo", "gpt2-char-demo", c)
                                for c in ("default dual", "plain", "dual / plain")),
+    "default-dual-vit": tuple(R("default_dual", "vit-demo", "vit-demo", c) for c in ("default dual", "plain", "dual / plain")),
     "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
                          R("default_many", "vit-many", "4 vit", "plain excess / simplex"),
                          R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)", k=2)),
