@@ -24,7 +24,9 @@ from pathlib import Path
 import pairs
 import record
 
-BARRIER = ["--split", "test", "--batch-size", "16", "--max-batches", "55", "--points", "11"]
+#: the test split every barrier is measured on: 55 batches of 16 windows, or the whole MNIST test set
+TEXT_TEST = ["--split", "test", "--batch-size", "16", "--max-batches", "55"]
+IMAGE_TEST = ["--split", "test", "--batch-size", "64", "--max-batches", "156"]
 COLUMNS = ["pair", "plain", "default dual", "dual / plain", "--lr auto", "steps (planned + learned on)", "best step",
            "validation barrier: start -> best", "time: learning, validating, past the plan, rate search (s)"]
 
@@ -40,11 +42,24 @@ def symmerge(argv: list[str], out: Path, commands: list[str]) -> None:
     print(f"ran: {commands[-1]}", flush=True)
 
 
+def test_args(vision: bool) -> list[str]:
+    """`symmerge barrier`'s flags for the test split (points aside)."""
+    return IMAGE_TEST if vision else TEXT_TEST
+
+
+def learning_columns(r: dict, rate: float, start: float, best: float) -> list[str]:
+    """The columns of a learned / dual run's report `r`: its rate, steps, best step, validation figure from
+    `start` to `best`, and where its time went."""
+    t = r["time"]
+    return [f"{rate:g}", f"{r['planned_steps']} + {r['extended_steps']}", str(r["best_step"]),
+            f"{start:.4f} -> {best:.4f}",
+            f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
+
+
 def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
     (a, _), (b, _) = pairs.commands(name, (0, 1), runs, data_root)
     data = f"{data_root}/tinyshakespeare.txt" if "vit" not in name else f"{data_root}/mnist/mnist.pkl.gz"
-    barrier = BARRIER if "vit" not in name else ["--split", "test", "--batch-size", "64", "--max-batches", "156",
-                                                 "--points", "11"]
+    barrier = [*test_args("vit" in name), "--points", "11"]
     out, rep = work / name, work / f"{name}.json"
     symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, "--json", str(rep)], rep, commands)
     for label, x, y in (("dual", out / "A", out / "B"), ("plain", a, b)):
@@ -53,12 +68,9 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
     r = json.loads(rep.read_text())
     dual = json.loads((work / f"{name}-dual.json").read_text())["barrier"]
     plain = json.loads((work / f"{name}-plain.json").read_text())["barrier"]
-    t = r["time"]
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [name, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}", f"{r['plan']['lr']:g}",
-            f"{r['planned_steps']} + {r['extended_steps']}", str(r["best_step"]),
-            f"{r['barrier_before']:.4f} -> {best['barrier']:.4f}",
-            f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
+    return [name, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}",
+            *learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
 
 def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.Namespace, Path]:

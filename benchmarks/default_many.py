@@ -35,8 +35,6 @@ FAMILIES = {
     "llama": ("llama-char-demo", "llama-char-wide", "tinyshakespeare.txt"),
 }
 SEEDS = (0, 1, 2, 3)
-TEXT_TEST = ["--split", "test", "--batch-size", "16", "--max-batches", "55"]
-IMAGE_TEST = ["--split", "test", "--batch-size", "64", "--max-batches", "156"]
 MANY_COLUMNS = ["models", "plain excess / simplex", "weight excess / simplex (ratio)",
                 "default dual excess / simplex (ratio)", "--lr auto", "steps (planned + learned on)", "best step",
                 "validation objective: start -> best",
@@ -46,20 +44,8 @@ WIDTH_COLUMNS = ["pair", "bare expansion", "weight (ratio)", "default dual (rati
                  "time: learning, validating, past the plan, rate search (s)"]
 
 
-def _test(family: str) -> list[str]:
-    return IMAGE_TEST if family == "vit" else TEXT_TEST
-
-
 def _read(path: Path) -> dict:
     return json.loads(path.read_text())
-
-
-def _learning(r: dict, rate: float, start: float, best: float) -> list[str]:
-    """The learning columns of a dual run's report `r`."""
-    t = r["time"]
-    return [f"{rate:g}", f"{r['planned_steps']} + {r['extended_steps']}", str(r["best_step"]),
-            f"{start:.4f} -> {best:.4f}",
-            f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
 
 
 def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
@@ -67,7 +53,7 @@ def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]
     name, _, data_file = FAMILIES[family]
     models = [folder for folder, _ in pairs.commands(name, SEEDS, runs, data_root)]
     data = f"{data_root}/{data_file}"
-    test = [*_test(family), "--points", "5", "--simplex-points", "8", "--seed", "0"]
+    test = [*default_dual.test_args(family == "vit"), "--points", "5", "--simplex-points", "8", "--seed", "0"]
     rows = {}
     for method in ("weight", "dual"):
         out, aligned, rep = work / f"{family}-many-{method}", work / f"{family}-many-{method}-aligned", \
@@ -92,7 +78,7 @@ def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]
     r = _read(work / f"{family}-many-dual.json")
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
     return [f"4 {family} ({name}, seeds 0-3)", cell("plain"), cell("weight"), cell("dual"),
-            *_learning(r, r["settings"]["lr"], r["objective_before"], best["objective"])]
+            *default_dual.learning_columns(r, r["settings"]["lr"], r["objective_before"], best["objective"])]
 
 
 def width(family: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
@@ -110,14 +96,14 @@ def width(family: str, runs: str, data_root: str, work: Path, commands: list[str
     got = {}
     for label, (x, y) in {"bare": (bare, big), "weight": (bare, weight), "dual": (dual / "A", dual / "B")}.items():
         js = work / f"{family}-width-{label}-barrier.json"
-        default_dual.symmerge(["barrier", str(x), str(y), "--data", data, *_test(family), "--points", "11",
-                               "--json", str(js)], js, commands)
+        default_dual.symmerge(["barrier", str(x), str(y), "--data", data, *default_dual.test_args(family == "vit"),
+                               "--points", "11", "--json", str(js)], js, commands)
         got[label] = _read(js)["barrier"]
     r = _read(rep)
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
     return [f"{family}: seed 0 into {wide} seed 1", f"{got['bare']:.4f}",
             f"{got['weight']:.4f} ({got['weight'] / got['bare']:.3f})", f"{got['dual']:.4f} ({got['dual'] / got['bare']:.3f})",
-            *_learning(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
+            *default_dual.learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
 
 PARTS = {"many": (many, MANY_COLUMNS, "four models, the default merge --method dual"),

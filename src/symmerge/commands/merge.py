@@ -92,8 +92,7 @@ def run(args) -> int:
 
 def _rate(rep: dict) -> str:
     """Learned / dual: the rate the run took, and how it was chosen."""
-    search, note = rep.get("lr_search"), rep.get("lr_note")
-    if note:
-        return f"; {note}"
-    how = f" (--lr auto: best of {len(search['rates'])} rates x {search['steps_each']} steps)" if search else ""
-    return f"; lr {rep['settings']['lr']:.3g}{how}"
+    from ..match.learn_report import rate_text
+
+    note = rep.get("lr_note")
+    return f"; {note}" if note else f"; {rate_text(rep['settings']['lr'], rep.get('lr_search'))}"

@@ -74,11 +74,14 @@ def end_line(report: dict) -> str:
         tail += (f"; learned {report['extended_steps']} steps past the planned {report['planned_steps']} "
                  "while the validation barrier kept falling (--extend)")
     plan = report.get("plan", {})
-    search = plan.get("lr_search")
-    rate = f"lr {plan['lr']:.3g}" if "lr" in plan else ""
-    if search:
-        rate += f" (--lr auto: best of {len(search['rates'])} rates × {search['steps_each']} steps)"
+    rate = rate_text(plan["lr"], plan.get("lr_search")) if "lr" in plan else ""
     return f"{head}; {tail}" + (f"; {rate}" if rate else "")
+
+
+def rate_text(lr: float, search: dict | None) -> str:
+    """"lr 0.005", and for a rate `--lr auto` chose, how many rates its search tried and for how long."""
+    how = f" (--lr auto: best of {len(search['rates'])} rates × {search['steps_each']} steps)" if search else ""
+    return f"lr {lr:.3g}{how}"
 
 
 def time_line(report: dict) -> str:
