@@ -19,6 +19,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 from symmerge import SymmergeError
 from symmerge.algebra import groups as G
 from symmerge.algebra.spec import build_spec
+from symmerge.match.costs import circuit_similarity
 from symmerge.match.parametrize import parametrization
 from symmerge.match.solvers import solve_map
 
@@ -121,3 +122,31 @@ def test_spec_reads_the_layout_and_refuses_unknown_ones():
     assert spec.groups["blocks.0.qk"].pairing.layout == "interleaved"
     with pytest.raises(SymmergeError, match="rotary layout 'pairs_of_three' is not implemented"):
         build_spec(dataclasses.replace(shape, rotary_layout="pairs_of_three"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_head_similarity_compares_circuits_frequency_by_frequency(layout):
+    """Weight matching's head cost under RoPE: unchanged by a RoPE-commuting map of B's head, and lower for a copy
+    of the head whose rotary pairs trade frequencies (another function), which the unconstrained circuits
+    `X^T Y` cannot tell from the head itself (the negative control)."""
+    grp = _group(layout)
+    gen = torch.Generator().manual_seed(5)
+    xa, ya = (torch.randn(3, 1, N, 20, generator=gen, dtype=torch.float64) for _ in range(2))
+    m = G.random_element(grp, gen).unsqueeze(1)  # [heads, 1, n, n]
+    mapped = (m @ xa, G.inverse_transpose(grp, m.squeeze(1)).unsqueeze(1) @ ya)
+    pairs = grp.pairing
+    order = torch.arange(N)
+    order[pairs.first] = pairs.first.flip(0)  # pair k takes pair (R/2 - 1 - k)'s frequency
+    order[pairs.second] = pairs.second.flip(0)
+    swapped = (xa[:, :, order], ya[:, :, order])
+
+    def diag(sim):
+        return sim[:, 0, :, 0].diagonal()
+
+    own = diag(circuit_similarity(xa, xa, ya, ya, pairing=pairs))
+    assert float((diag(circuit_similarity(xa, mapped[0], ya, mapped[1], pairing=pairs)) - own).abs().max()) \
+        <= 1e-9 * float(own.abs().max())
+    assert bool((diag(circuit_similarity(xa, swapped[0], ya, swapped[1], pairing=pairs)) < own - 0.05 * own.abs()).all())
+    plain = diag(circuit_similarity(xa, xa, ya, ya))
+    assert float((diag(circuit_similarity(xa, swapped[0], ya, swapped[1])) - plain).abs().max()) \
+        <= 1e-9 * float(plain.abs().max()), "the unconstrained circuits do not see the frequencies"

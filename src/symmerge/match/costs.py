@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..algebra.rotary import Pairing
 from ..algebra.spec import Action, Spec
 from .weight_products import EXACT, cross, operand
 
@@ -71,7 +72,7 @@ def sides(spec: Spec, group: str, P: dict, names=None, keep_group: str | None = 
     return res
 
 
-def circuit_similarity(xa, xb, ya, yb, products=EXACT) -> torch.Tensor:
+def circuit_similarity(xa, xb, ya, yb, products=EXACT, pairing: Pairing | None = None) -> torch.Tensor:
     """`S[a, j, b, k] = <Xa_aj^T Ya_aj, Xb_bk^T Yb_bk>_F` for sides `[heads, q, n, m]`.
 
     The circuits `X^T Y` (e.g. W_Q^T W_K, or V^T O^T) are unchanged by the head-internal map
@@ -79,10 +80,30 @@ def circuit_similarity(xa, xb, ya, yb, products=EXACT) -> torch.Tensor:
     a sum over the entrywise product of two n x n cross-Gram matrices, each pair of heads' taken from
     one product of every row of A's side with every row of B's (`weight_products.cross`, in the
     precision `products` names).
+
+    With `pairing` (a QK map that must commute with RoPE, `algebra.rotary`) the head computes
+    `sum_k cos(r w_k) C_k + sin(r w_k) D_k` at offset r, with each rotary pair's circuits
+    `C_k = X_k^T Y_k` and `D_k = X_k^T J Y_k`, and the pass-through dimensions' circuit as above. Only
+    those circuits are invariant under the constrained map, and only same-frequency terms can be made
+    to agree, so S sums `<C_k, C'_k> + <D_k, D'_k>` over pairs (what the offsets' average weighs them
+    by) plus the pass-through circuits' product. Without it, frequencies would be compared across
+    pairs (the unconstrained circuit `sum_k C_k`), which no RoPE-commuting map can align.
     """
     h, q, n, _ = xa.shape
     grams = []
     for sa, sb in ((xa, xb), (ya, yb)):  # rows (a, j, i) of A by rows (b, k, n) of B
         c = cross(sa.reshape(h * q * n, -1), sb.reshape(h * q * n, -1), products)
         grams.append(c.reshape(h, q, n, h, q, n))
-    return (grams[0] * grams[1]).sum((2, 5))  # [heads, q, heads, q]
+    g1, g2 = grams
+    if pairing is None:
+        return (g1 * g2).sum((2, 5))  # [heads, q, heads, q]
+    r, f, s = pairing.dims, pairing.first, pairing.second
+    free = (g1[:, :, r:, :, :, r:] * g2[:, :, r:, :, :, r:]).sum((2, 5))
+
+    def block(g, i, j):  # pair k of A's head against pair k of B's: [pairs, heads, q, heads, q]
+        return g[:, :, i, :, :, j]
+
+    # <C, C'> + <D, D'> on one pair is (g_ff + g_ss)(h_ff + h_ss) + (g_fs - g_sf)(h_fs - h_sf)
+    trace = (block(g1, f, f) + block(g1, s, s)) * (block(g2, f, f) + block(g2, s, s))
+    twist = (block(g1, f, s) - block(g1, s, f)) * (block(g2, f, s) - block(g2, s, f))
+    return free + (trace + twist).sum(0)

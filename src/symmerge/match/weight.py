@@ -14,7 +14,9 @@ its cost from `spec.actions` with every other group of the current element appli
 by kind:
 
 - head permutation: assignment on the similarity of the heads' QK and OV circuits (`costs.circuit_
-  similarity`), which the head-internal maps leave unchanged, so heads are matched before their maps;
+  similarity`), which the head-internal maps leave unchanged, so heads are matched before their maps
+  (under RoPE the QK circuits are compared rotary pair by rotary pair: only equal frequencies can be
+  aligned by a map that commutes with the rotations);
 - QK / OV maps: balanced least squares inside each matched head, then each singular value set to
   its exact minimiser (`solvers.balanced_lstsq`), under the RoPE / clip_qkv constraints;
 - other permutations: assignment on `sum_t A_t (B_t)^T` along the permuted axis;

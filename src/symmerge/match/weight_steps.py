@@ -94,7 +94,7 @@ def _head_perms(st: State, names: list[str], bp: dict, chosen: set[str]) -> dict
         sa, sb = costs.sides(spec, m, st.A, keep_group=inner), costs.sides(spec, m, bp, keep_group=inner)
         q_axis = (lambda x: x) if inner is not None else (lambda x: x.unsqueeze(1))  # [h, q, n, m]
         sim = sim + costs.circuit_similarity(q_axis(sa["g"]), q_axis(sb["g"]), q_axis(sa["inv_t"]), q_axis(sb["inv_t"]),
-                                             st.products)
+                                             st.products, spec.groups[m].pairing)  # RoPE: per-pair circuits
     p, inner_p = assign_heads(sim, inner is not None)
     return {top: p} if inner is None else {top: p, inner: inner_p}
 
