@@ -9,7 +9,9 @@ and OV maps (the maps are indexed by the head permutation, so they only make sen
 matching given X" runs weight matching (at most 20 sweeps) over the other families from activation
 matching's element, X held fixed. Activation matching reads `--act-batches` training batches of the same
 size; the barrier is the 11-point test-loss barrier of `symmerge.evaluation.barrier_pair.barrier` on the
-same test batches for every row.
+same test batches for every row. The last row is what `align --method activation` keeps by default (`--blocks
+best`: of the rows "weight matching given activation matching's residual rotation", "... started from
+activation matching" and "weight matching", the one whose midpoint has the lowest loss on the activation batches).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import record
 import torch
 
 from symmerge.algebra.apply import apply
+from symmerge.algebra.elements import identity_element
 from symmerge.algebra.families import FFN_PERM, GLU_SCALE, HEAD_CIRCUIT, RESIDUAL_ROTATION
 from symmerge.data.batches import load_batches
 from symmerge.evaluation.barrier_pair import barrier
 from symmerge.match.activation import activation_match
+from symmerge.match.activation_blocks import per_block
+from symmerge.match.activation_many import average_loss
 from symmerge.match.weight import weight_match
 from symmerge.store.model import load_model
 
@@ -84,6 +89,10 @@ def main() -> None:
         row(f"weight matching given activation matching's {part}", g, s)
     g, s = timed(lambda: weight_match(spec, a.params, b.params, fams, max_iters=20, g0=am).g)
     row("weight matching started from activation matching", g, s)
+    identity = identity_element(spec)
+    chosen, s = timed(lambda: per_block(a, b, fams, activation_match(a, b, train, fams), "best",
+                                        lambda g: average_loss([a, b], [identity, g], [0.5, 0.5], train)))
+    row(f"the default (--blocks best): {chosen.extra['blocks_kept']}", chosen.g, s)
     key = f"{Path(args.a).name} vs {Path(args.b).name}"
     title = f"{key}, {len(test)} test batches of {args.batch_size}, activation matching on {len(train)} training batches"
     record.save(args.results, "activation_diagnosis", key, title, [record.table("test barrier", COLUMNS, rows)])

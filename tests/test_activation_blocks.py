@@ -49,3 +49,54 @@ def test_only_the_rotation_selected_leaves_the_element(tmp_path):
     A = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
     found = activation_match(A, A, batches("gpt2"), ["residual_rotation"])
     assert blocks_given_rotation(A, A, ["residual_rotation"], found) is found
+
+
+def _distance_to(spec, B, ref):
+    """A loss for `per_block`: how far g·B lies from ref·B (lowest, 0, at ref)."""
+    target = apply(spec, ref, B.params)
+    return lambda g: rel_distance(apply(spec, g, B.params), target)
+
+
+@pytest.mark.parametrize("prefer", [0, 2])
+def test_best_keeps_the_candidate_the_loss_prefers(prefer, tmp_path):
+    """`--blocks best` keeps the candidate whose loss is lowest, element and all; the other candidates' losses are
+    in the report. Two unrelated models, so the candidates differ (checked: otherwise the choice proves nothing)."""
+    from symmerge.match.activation_blocks import CANDIDATES, per_block
+    from symmerge.match.weight import weight_match
+
+    A = load_model(save_model(make_model("llama", 0), tmp_path / "a"))
+    B = load_model(save_model(make_model("llama", 1), tmp_path / "b"))
+    found = activation_match(A, B, batches("llama"))
+    ref = blocks_given_rotation(A, B, None, found).g if prefer == 0 else weight_match(A.spec, A, B, None).g
+    res = per_block(A, B, None, found, "best", _distance_to(A.spec, B, ref))
+    losses = res.extra["blocks_candidates"]
+    assert res.extra["blocks_kept"] == CANDIDATES[prefer] and losses[CANDIDATES[prefer]] <= 1e-12
+    assert min(v for k, v in losses.items() if k != CANDIDATES[prefer]) > 1e-6, "the candidates do not differ"
+    assert rel_distance(apply(A.spec, res.g, B.params), apply(A.spec, ref, B.params)) <= 1e-12
+    assert torch.equal(per_block(A, B, None, found, "weight", None).g[ROTATION], found.g[ROTATION])
+    assert per_block(A, B, None, found, "activation", None) is found
+
+
+def test_align_default_keeps_the_lowest_midpoint_loss(tmp_path, monkeypatch):
+    """`align --method activation` (the API) finishes with `best`: the losses it reports are the midpoint's stock
+    loss on its batches (the barrier's middle point, computed apart), and it keeps the lowest."""
+    import dataclasses
+
+    import symmerge.data.batches
+    from symmerge import api
+    from symmerge.evaluation.barrier_pair import barrier
+
+    A = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
+    B = load_model(save_model(make_model("gpt2", 1), tmp_path / "b"))
+    data = batches("gpt2")
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", lambda *a, **k: data)
+    res = api.align(A, B, method="activation", data="fake", groups=None)
+    fig = res.report
+    assert fig["blocks"] == "best"
+    kept = fig["blocks_kept"]
+    assert fig["blocks_candidates"][kept] == min(fig["blocks_candidates"].values())
+    moved = dataclasses.replace(B, params=apply(B.spec, res.elements["B"], B.params))
+    mid = barrier(A, moved, data, points=3, progress=False, dtype=torch.float64)["loss"][1]
+    tol = 8 * torch.finfo(torch.float32).eps * mid  # the align forward runs in float32 (the runtime default)
+    assert fig["blocks_candidates"][kept] == pytest.approx(mid, abs=tol)
+    assert abs(barrier(A, B, data, points=3, progress=False, dtype=torch.float64)["loss"][1] - mid) > 100 * tol

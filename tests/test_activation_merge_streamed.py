@@ -101,8 +101,8 @@ def test_streamed_equals_in_memory_to_the_bit(folders, strides, monkeypatch):
 
 def test_cli_blocks_flag_reaches_the_many_model_matcher(folders, tmp_path, monkeypatch):
     """`merge --method activation --blocks activation` is the many-model matcher with blocks="activation" (the
-    API's result, to the bit), and the default (`weight`, the per-block groups re-solved given the rotation)
-    gives another element: the flag is not ignored."""
+    API's result, to the bit), and the default (`best`, per-block groups by weight matching, chosen on the
+    average's loss) gives another element: the flag is not ignored."""
     from safetensors.torch import load_file
 
     import symmerge.data.batches

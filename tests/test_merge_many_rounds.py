@@ -117,10 +117,11 @@ def test_target_on_disk_gives_the_same_result_as_in_memory(gpt2s, tmp_path):
 def test_part_cache_round_trip_and_cleanup():
     keys = ["embed", 0, "final"]
     parts = {k: {f"{k}.w": torch.randn(3, 2, dtype=torch.float64), f"{k}.eps": torch.tensor(1e-5, dtype=torch.float64)}
-             for k in keys}
-    for on_disk in (False, True):
-        cache = PartCache(keys, on_disk).fill(parts.__getitem__)
+             for k in keys}  # names out of alphabetical order: a file lists them sorted
+    for on_disk, strides in ((False, False), (True, False), (True, True)):
+        cache = PartCache(keys, on_disk, strides).fill(parts.__getitem__)
         folder = cache._dir.name if on_disk else None
+        assert all(list(cache.part(k)) == list(parts[k]) for k in keys), "a part's tensors come back in its order"
         got = cache.part(0)
         got["0.w"] += 1  # a read is a fresh tensor: the cache is unchanged
         assert all(torch.equal(cache.part(k)[n], t) for k in keys for n, t in parts[k].items())

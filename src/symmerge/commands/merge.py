@@ -40,7 +40,7 @@ def register(sub) -> None:
     how.add_argument("--weights", default=None, help="w1,...,wn: non-negative, summing to 1 (default: uniform)")
     how.add_argument("--groups", default=None, help="comma-separated families, or 'all' (default: as align)")
     add_option(how, "precision", help_of("precision"))
-    add_option(how, "blocks", "activation: per-block groups by weight matching given the rotation, or from the activations")
+    add_option(how, "blocks", "activation: per-block groups (best by the average's loss, weight, activation)")
     rounds = sections.get(ROUNDS, "every model matched to the mean of the others, round after round")
     add_option(rounds, "max_iters", f"weight matching: {help_of('max_iters')} per match")
     for name in MANY:

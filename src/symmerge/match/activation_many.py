@@ -27,6 +27,7 @@ import torch
 from ..algebra import groups as G
 from ..store.model import as_parts, in_memory
 from ..store.parts import Served, part_keys
+from .activation_blocks import BLOCKS, per_block
 from .many import ROUND_TOL, ManyResult, MeanParts, Step, rounds
 from .part_cache import PartCache
 from .parts_forward import PartsForward
@@ -49,12 +50,14 @@ def _mean(sources: list[Served], elements: list[dict], weights: list[float], kee
 
 
 def average_loss(models: list, elements: list[dict], weights: list[float], batches: list[dict],
-                 forward: PartsForward | None = None, on_disk: bool | None = None) -> float:
+                 forward: PartsForward | None = None, on_disk: bool | None = None, dtype: torch.dtype | None = None,
+                 device=None) -> float:
     """The stock HF loss of the weighted average of `g_i·P_i` on `batches` (mean over batches), streamed;
-    `forward` a `PartsForward` of the first model (default: the CPU in float64); `on_disk`: where the average
-    is kept while it runs (None: on disk when some model streams from its checkpoint)."""
+    `forward` a `PartsForward` of the first model (default: one in `dtype` on `device`, else the CPU in
+    float64); `on_disk`: where the average is kept while it runs (None: on disk when some model streams from
+    its checkpoint)."""
     sources = _sources(models)
-    forward = forward or PartsForward(sources[0], torch.float64)
+    forward = forward or PartsForward(sources[0], dtype or torch.float64, device)
     on_disk = not all(in_memory(m) for m in models) if on_disk is None else on_disk
     with _mean(sources, elements, weights, list(range(len(models))), on_disk) as mean:
         return forward.mean_loss(mean, batches)
@@ -63,13 +66,13 @@ def average_loss(models: list, elements: list[dict], weights: list[float], batch
 def activation_match_many(models: list, weights: list[float], batches: list[dict], families: list[str] | None = None,
                           max_rounds: int = 10, seed: int = 0, tol: float = ROUND_TOL, progress: bool = False,
                           device=None, dtype: torch.dtype | None = None, on_disk: bool | None = None,
-                          blocks: str = "weight") -> ManyResult:
+                          blocks: str = BLOCKS[0]) -> ManyResult:
     """Activation matching of many models (`Model`s or `LazyModel`s of one shape), by the schedule of
     `many.rounds` (see the module docstring). `device`, `dtype`: where the forwards (matching's and the
     objective's) run and their working precision (default: the CPU, float64); the statistics are summed in
     float64. `on_disk`: where each mean is kept (None: on disk when some model streams from its checkpoint).
-    `blocks`: "weight" re-solves each match's per-block groups given its rotation (`activation_blocks`)."""
-    from .activation_blocks import blocks_given_rotation
+    `blocks`: how each match's per-block groups are finished (`activation_blocks.BLOCKS`; "best" by the loss of
+    the weighted average with the candidate in model i's place)."""
     from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)
@@ -82,8 +85,8 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
         with _mean(sources, elements, weights, keep, on_disk) as mean:
             target = Served(sources[0], mean)
             res = activation_match_streaming(target, sources[i], batches, families, device=device, forward=dtype)
-            if blocks == "weight":
-                res = blocks_given_rotation(target, sources[i], families, res)
+            res = per_block(target, sources[i], families, res, blocks,
+                            lambda g: -value([g if j == i else e for j, e in enumerate(elements)]))
         return Step(res.g, time.perf_counter() - t0)
 
     def value(elements):

@@ -174,8 +174,8 @@ class ActivationOptions(Options):
     precision: str = option(**_PRECISION)
     batch_size: int = option(8, *_BATCH_SIZE)
     max_batches: int = option(8, *_MAX_BATCHES)
-    blocks: str = option(BLOCKS[0], "per-block groups by weight matching given the activations' rotation, or from "
-                         "the activations alone", choices=BLOCKS)
+    blocks: str = option(BLOCKS[0], "per-block groups: best weight matching by the merge's loss, weight, activation",
+                         choices=BLOCKS)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ would otherwise repeat in every sweep. `PartCache` holds the mean instead, serve
   model as in pairwise matching; the folder takes one model in the algebra's dtype and is removed
   when the cache is closed.
 
-Reads return fresh tensors (a caller may change them), in the dtype they were written in. They are contiguous,
+Reads return fresh tensors (a caller may change them), in the dtype they were written in and in the order the
+part listed them (code that sums over a part's tensors in turn then sums in one order). They are contiguous,
 whichever the mode, unless the cache keeps `strides`: then each comes back with the strides it was written
 with (a transposed weight stays transposed, on disk too), so that products of what is read are computed as
 products of what was written are, to the bit (the layout of a matrix chooses how a product sums). Tensors
@@ -47,10 +48,10 @@ class PartCache(Parts):
             tensors = part(key)
             if not self.strides:
                 tensors = {k: v.contiguous() for k, v in tensors.items()}  # one layout either way: equal sums
-            if self.on_disk:
+            if self.on_disk:  # the layouts, in the part's order (a file lists its tensors sorted by name)
                 layout = {k: v.stride() for k, v in tensors.items()}
                 save_file({k: v.contiguous() for k, v in tensors.items()}, str(self._file(key)),
-                          metadata={"strides": json.dumps(layout)} if self.strides else None)
+                          metadata={"strides": json.dumps(layout)})
             else:
                 self._mem[key] = tensors
             del tensors
@@ -64,11 +65,12 @@ class PartCache(Parts):
             from safetensors.torch import load_file
 
             tensors = load_file(str(self._file(key)))
-            if not self.strides:
-                return tensors
             with safe_open(str(self._file(key)), "pt") as f:
                 layout = json.loads(f.metadata()["strides"])
-            return {k: torch.empty_strided(v.shape, layout[k], dtype=v.dtype).copy_(v) for k, v in tensors.items()}
+            if not self.strides:
+                return {k: tensors[k] for k in layout}
+            return {k: torch.empty_strided(tensors[k].shape, s, dtype=tensors[k].dtype).copy_(tensors[k])
+                    for k, s in layout.items()}
         return {k: v.clone() for k, v in self._mem[key].items()}  # dense: the same strides
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from ..algebra.elements import identity_element
 from ..errors import SymmergeError
 from .options import (
     ActivationOptions,
@@ -99,14 +100,19 @@ def _run_weight(a, b, families, data, opts, start, progress: bool = False, devic
 
 
 def _run_activation(a, b, families, data, opts, start, progress: bool = False, device=None, dtype=None) -> Alignment:
-    from .activation_blocks import blocks_given_rotation
+    from .activation_blocks import per_block
+    from .activation_many import average_loss
     from .activation_stream import activation_match_streaming
 
     precision = getattr(torch, opts["precision"])
     res = activation_match_streaming(a, b, data.train, families, dtype=precision, progress=progress, device=device,
                                      forward=dtype)
-    if opts["blocks"] == "weight":
-        res = blocks_given_rotation(a, b, families, res, dtype=precision, progress=progress)
+    identity = identity_element(b.spec)
+
+    def midpoint_loss(g):
+        return average_loss([a, b], [identity, g], [0.5, 0.5], data.train, dtype=dtype, device=device)
+
+    res = per_block(a, b, families, res, opts["blocks"], midpoint_loss, dtype=precision, progress=progress)
     return _from_match("activation", res)
 
 
