@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_common import CHARS, HERE, align, env, launch_cli, load, rel, takes_one_process_steps, torchrun
+from dist_common import CHARS, HERE, align, env, launch_cli, load, outputs_rel, rel, takes_one_process_steps, torchrun
 
 
 def _train_val():
@@ -235,25 +235,32 @@ def test_a_rank_that_dies_or_hangs_ends_the_others(dirs, tmp_path, fault):
 
 def test_align_under_torchrun(dist_pair, one_process, half_rows, tmp_path):
     """`python -m symmerge align --method dual` in 2 processes writes what one process writes (rank 0
-    alone writes); a batch the ranks cannot share, and a rank without the input checkpoints, are refused
-    with one line on rank 0, exit != 0 on every rank, nothing written."""
+    alone writes), also where the processes take unequal parts of a batch (3 rows: 1 and 2); a batch with
+    fewer rows than processes, and a rank without the input checkpoints, are refused with one line on rank 0,
+    exit != 0 on every rank, nothing written."""
+    from symmerge.cli import main
+
     root, empty = dist_pair[0].parent, tmp_path / "empty"
     empty.mkdir()
     calls = [{"argv": align(*dist_pair, tmp_path / "two", "--json", str(tmp_path / "two.json")), "log": str(tmp_path / "ok")},
              {"argv": align(*dist_pair, tmp_path / "odd", "--batch-size", "3"), "log": str(tmp_path / "odd")},
+             {"argv": align(*dist_pair, tmp_path / "one", "--batch-size", "1"), "log": str(tmp_path / "one")},
              {"argv": align("a", "b", tmp_path / "lost"), "log": str(tmp_path / "lost"), "rank1_cwd": str(empty)}]
     before = sorted(p.name for p in root.iterdir())
-    proc, (ok, odd, lost) = launch_cli(calls, root)
-    assert [x["rc"] for x in ok] == [0, 0], ok
-    assert proc.stdout.count("wrote ") == 1, proc.stdout
+    proc, (ok, odd, one, lost) = launch_cli(calls, root)
+    assert [x["rc"] for x in ok] == [0, 0] and [x["rc"] for x in odd] == [0, 0], (ok, odd)
+    assert proc.stdout.count("wrote ") == 2, proc.stdout
     takes_one_process_steps(tmp_path / "two", tmp_path / "two.json", one_process, half_rows)
     assert not (tmp_path / "two.learn-state").exists()
-    for log, words in ((odd, "which the 2 processes cannot share evenly"), (lost, "rank 1: ")):
+    assert main(align(*dist_pair, tmp_path / "odd-alone", "--batch-size", "3")) == 0
+    assert outputs_rel(tmp_path / "odd", tmp_path / "odd-alone") < 1e-5
+    assert outputs_rel(tmp_path / "odd", one_process / "out") > 1e-3  # the control: batches of 3 make other steps
+    for log, words in ((one, "fewer than the 2 processes"), (lost, "rank 1: ")):
         assert [x["rc"] for x in log] == [2, 2], log
         assert words in log[0]["stderr"] and log[0]["stderr"].count("error:") == 1, log
         assert log[1]["stderr"] == "", log  # printed once, by rank 0
     assert "b is not a folder" in lost[0]["stderr"], lost
-    assert not list(tmp_path.glob("odd*.learn-state")) and not (tmp_path / "odd").exists() and not (tmp_path / "lost").exists()
+    assert not list(tmp_path.glob("one*.learn-state")) and not (tmp_path / "one").exists() and not (tmp_path / "lost").exists()
     assert sorted(p.name for p in root.iterdir()) == before
 
 

@@ -104,25 +104,28 @@ class Group:
     # --- batches --------------------------------------------------------------------------------------
 
     def check_batches(self, batches: list[dict], what: str) -> None:
-        """Every batch's rows must split evenly over the ranks (the batch size is global)."""
+        """Every batch must give each rank at least one row (the batch size is global; `local` splits it)."""
         for i, b in enumerate(batches):
             n = _rows(b)
-            if n % self.world:
-                last = " (the last, shorter batch: choose --max-batches so that every batch is full)" \
+            if n < self.world:
+                last = " (the last, shorter batch: choose --max-batches so that it is left out)" \
                     if i == len(batches) - 1 and i > 0 else ""
-                raise SymmergeError(f"{what} batch {i} holds {n} items, which the {self.world} processes cannot share "
-                                    f"evenly{last}; choose a --batch-size that {self.world} divides")
+                raise SymmergeError(f"{what} batch {i} holds {n} item{'s' if n != 1 else ''}, fewer than the "
+                                    f"{self.world} processes{last}; choose a --batch-size of at least {self.world}")
 
     def check_data(self, train: list[dict], val: list[dict]) -> None:
         self.check_batches(train, "training")
         self.check_batches(val, "validation")
 
     def local(self, batch: dict) -> dict:
-        """This rank's rows of a global batch."""
+        """This rank's rows of a global batch: consecutive blocks whose sizes differ by at most one where the
+        ranks do not divide the rows (a split's last, shorter batch). Each rank's mean loss is weighted by its
+        `share` of the predicted items, so the sum over the ranks is the whole batch's mean whatever the split."""
         if self.world == 1:
             return batch
-        n = _rows(batch) // self.world
-        return {k: v[self.rank * n:(self.rank + 1) * n] if torch.is_tensor(v) else v for k, v in batch.items()}
+        n = _rows(batch)
+        lo, hi = self.rank * n // self.world, (self.rank + 1) * n // self.world
+        return {k: v[lo:hi] if torch.is_tensor(v) else v for k, v in batch.items()}
 
     def share(self, batch: dict) -> float:
         """This rank's part of the batch's predicted items: the weight of its local mean loss."""
