@@ -11,7 +11,8 @@ matching's element, X held fixed. Activation matching reads `--act-batches` trai
 size; the barrier is the 11-point test-loss barrier of `symmerge.evaluation.barrier_pair.barrier` on the
 same test batches for every row. The last row is what `align --method activation` keeps by default (`--blocks
 best`: of the rows "weight matching given activation matching's residual rotation", "... started from
-activation matching" and "weight matching", the one whose midpoint has the lowest loss on the activation batches).
+activation matching" and "weight matching", the one whose midpoint has the lowest loss on as many validation
+batches).
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ def main() -> None:
     g, s = timed(lambda: weight_match(spec, a.params, b.params, fams, max_iters=20, g0=am).g)
     row("weight matching started from activation matching", g, s)
     identity = identity_element(spec)
+    held = load_batches(args.a, args.data, "validation", batch_size=args.batch_size, max_batches=args.act_batches)
     chosen, s = timed(lambda: per_block(a, b, fams, activation_match(a, b, train, fams), "best",
-                                        lambda g: average_loss([a, b], [identity, g], [0.5, 0.5], train)))
+                                        lambda g: average_loss([a, b], [identity, g], [0.5, 0.5], held)))
     row(f"the default (--blocks best): {chosen.extra['blocks_kept']}", chosen.g, s)
     key = f"{Path(args.a).name} vs {Path(args.b).name}"
     title = f"{key}, {len(test)} test batches of {args.batch_size}, activation matching on {len(train)} training batches"

@@ -79,7 +79,8 @@ def test_best_keeps_the_candidate_the_loss_prefers(prefer, tmp_path):
 
 def test_align_default_keeps_the_lowest_midpoint_loss(tmp_path, monkeypatch):
     """`align --method activation` (the API) finishes with `best`: the losses it reports are the midpoint's stock
-    loss on its batches (the barrier's middle point, computed apart), and it keeps the lowest."""
+    loss on validation batches, not on the batches it was fitted on (the barrier's middle point, computed apart),
+    and it keeps the lowest."""
     import dataclasses
 
     import symmerge.data.batches
@@ -88,15 +89,19 @@ def test_align_default_keeps_the_lowest_midpoint_loss(tmp_path, monkeypatch):
 
     A = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
     B = load_model(save_model(make_model("gpt2", 1), tmp_path / "b"))
-    data = batches("gpt2")
-    monkeypatch.setattr(symmerge.data.batches, "load_batches", lambda *a, **k: data)
+    split = {"train": batches("gpt2"), "validation": batches("gpt2", seed=1)}
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", lambda model, data, which, *a, **k: split[which])
     res = api.align(A, B, method="activation", data="fake", groups=None)
     fig = res.report
     assert fig["blocks"] == "best"
     kept = fig["blocks_kept"]
     assert fig["blocks_candidates"][kept] == min(fig["blocks_candidates"].values())
     moved = dataclasses.replace(B, params=apply(B.spec, res.elements["B"], B.params))
-    mid = barrier(A, moved, data, points=3, progress=False, dtype=torch.float64)["loss"][1]
-    tol = 8 * torch.finfo(torch.float32).eps * mid  # the align forward runs in float32 (the runtime default)
-    assert fig["blocks_candidates"][kept] == pytest.approx(mid, abs=tol)
-    assert abs(barrier(A, B, data, points=3, progress=False, dtype=torch.float64)["loss"][1] - mid) > 100 * tol
+
+    def mid(a, b, data):
+        return barrier(a, b, data, points=3, progress=False, dtype=torch.float64)["loss"][1]
+
+    tol = 8 * torch.finfo(torch.float32).eps * mid(A, moved, split["validation"])  # the align forward: float32
+    assert fig["blocks_candidates"][kept] == pytest.approx(mid(A, moved, split["validation"]), abs=tol)
+    assert abs(mid(A, moved, split["train"]) - mid(A, moved, split["validation"])) > 100 * tol  # the controls
+    assert abs(mid(A, B, split["validation"]) - mid(A, moved, split["validation"])) > 100 * tol

@@ -20,9 +20,11 @@ as from the identity (tests/test_activation_blocks.py).
 rotation (as above), weight matching started from activation matching's element (the rotation free too),
 and weight matching from the identity. Each is a local optimum of weight matching's objective from another
 start, and none is lowest on every trained pair; the one kept is the one whose merge (the midpoint of a pair,
-the weighted average of many models) has the lowest stock loss on the batches the activations were taken on.
-It costs two more weight matchings and three forwards of the merge over those batches; a choice on so few
-batches can miss the test split's order where the candidates' losses are within their noise.
+the weighted average of many models) has the lowest stock loss on held-out batches (as many of the validation
+split as the activations were taken on). Not on those batches themselves: an element fitted on them looks
+better there than it is (Llama demo pair: 0.006 nats lower midpoint loss on them, 0.053 higher on the test
+split). It costs two more weight matchings and three forwards of the merge; a choice on so few batches can
+miss the test split's order where the candidates' losses are within their noise.
 """
 
 from __future__ import annotations

@@ -66,13 +66,13 @@ def average_loss(models: list, elements: list[dict], weights: list[float], batch
 def activation_match_many(models: list, weights: list[float], batches: list[dict], families: list[str] | None = None,
                           max_rounds: int = 10, seed: int = 0, tol: float = ROUND_TOL, progress: bool = False,
                           device=None, dtype: torch.dtype | None = None, on_disk: bool | None = None,
-                          blocks: str = BLOCKS[0]) -> ManyResult:
+                          blocks: str = BLOCKS[0], held_out: list[dict] | None = None) -> ManyResult:
     """Activation matching of many models (`Model`s or `LazyModel`s of one shape), by the schedule of
     `many.rounds` (see the module docstring). `device`, `dtype`: where the forwards (matching's and the
     objective's) run and their working precision (default: the CPU, float64); the statistics are summed in
     float64. `on_disk`: where each mean is kept (None: on disk when some model streams from its checkpoint).
     `blocks`: how each match's per-block groups are finished (`activation_blocks.BLOCKS`; "best" by the loss of
-    the weighted average with the candidate in model i's place)."""
+    the weighted average with the candidate in model i's place, on `held_out` batches, else on `batches`)."""
     from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)
@@ -86,12 +86,14 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
             target = Served(sources[0], mean)
             res = activation_match_streaming(target, sources[i], batches, families, device=device, forward=dtype)
             res = per_block(target, sources[i], families, res, blocks,
-                            lambda g: -value([g if j == i else e for j, e in enumerate(elements)]))
+                            lambda g: -value([g if j == i else e for j, e in enumerate(elements)], choose_on))
         return Step(res.g, time.perf_counter() - t0)
 
-    def value(elements):
+    choose_on = held_out or batches
+
+    def value(elements, on=batches):
         with _mean(sources, elements, weights, list(range(len(models))), on_disk) as mean:
-            return -forward.mean_loss(mean, batches)
+            return -forward.mean_loss(mean, on)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     return rounds(len(models), value, match, identity, max_rounds, seed, tol, progress, "activation merge rounds")

@@ -5,7 +5,9 @@ hold every default, help text and parser, from which the command line builds its
 
 A matcher is registered with
 - `needs_data`: it runs both models on batches (`Data.train`); `validates`: it also needs validation
-  batches (`Data.val`, on which learned matching picks its best state);
+  batches (`Data.val`, on which learned matching picks its best state); `holds_out`: it reads as many
+  validation batches as training ones, when given (`Data.val`, on which activation matching chooses its
+  element; the training batches when there are none);
 - `starts_from`: the matcher whose solution it starts from, run first over the same groups
   (learned and dual start from weight matching: its element is their `init`);
 - `options`: its options class (a subclass of the start's where it has one, so that it holds the
@@ -78,6 +80,7 @@ class Matcher:
     run: Callable
     options: type[Options] = Options  # its options class (`match.options`), its start's options among them
     validates: bool = False
+    holds_out: bool = False
     starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
@@ -109,8 +112,8 @@ def _run_activation(a, b, families, data, opts, start, progress: bool = False, d
                                      forward=dtype)
     identity = identity_element(b.spec)
 
-    def midpoint_loss(g):
-        return average_loss([a, b], [identity, g], [0.5, 0.5], data.train, dtype=dtype, device=device)
+    def midpoint_loss(g):  # on batches the element was not fitted on, where there are some
+        return average_loss([a, b], [identity, g], [0.5, 0.5], data.val or data.train, dtype=dtype, device=device)
 
     res = per_block(a, b, families, res, opts["blocks"], midpoint_loss, dtype=precision, progress=progress)
     return _from_match("activation", res)
@@ -160,7 +163,7 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
 
     res = activation_match_many(list(sources), weights, data.train, families, opts["max_rounds"],
                                 opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype,
-                                blocks=opts.get("blocks", "weight"))
+                                blocks=opts["blocks"], held_out=data.val or None)
     figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
     figures["average_loss"] = [-v for v in res.history]
     figures["device"], figures["dtype"] = str(device or "cpu"), str(dtype or torch.float64).replace("torch.", "")
@@ -186,7 +189,7 @@ MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free", False, _run_weight, WeightOptions,
             streams=True, places=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "activations on --data", True, _run_activation,
-            ActivationOptions, streams=True, casts=True, many=_run_activation_many),
+            ActivationOptions, streams=True, casts=True, holds_out=True, many=_run_activation_many),
     Matcher("learned", "learned matching", "B learned", True,
             partial(_run_learned, "learned"), LearnedOptions, validates=True, starts_from="weight", forward=True,
             many=partial(_run_learned_many, "learned")),

@@ -65,15 +65,18 @@ def batch_size(opts: dict, model_dir, seq_len: int | None) -> int:
 
 def batches_for(matcher, opts: dict, data, model_dir, split: str = "train",
                 seq_len: int | None = None) -> registry.Data | None:
-    """learned/dual: training batches and validation batches; activation: batches of `split`; a
-    `registry.Data` given as `data` as it is."""
+    """learned/dual: training batches and validation batches; activation: batches of `split`, and as many of the
+    validation split to choose its element on (`Matcher.holds_out`); a `registry.Data` given as `data` as it is."""
     if not matcher.needs_data or isinstance(data, registry.Data):
         return data if matcher.needs_data else None
     size = batch_size(opts, model_dir, seq_len)
     if matcher.validates:
         return registry.Data(load_data(data, model_dir, "train", size, seq_len, opts["max_batches"], matcher.name),
                              validation_batches(opts, data, model_dir, size, seq_len, matcher.name))
-    return registry.Data(load_data(data, model_dir, split, size, seq_len, opts["max_batches"], matcher.name))
+    train = load_data(data, model_dir, split, size, seq_len, opts["max_batches"], matcher.name)
+    held = load_data(data, model_dir, "validation", size, seq_len, opts["max_batches"], matcher.name) \
+        if matcher.holds_out else []
+    return registry.Data(train, held)
 
 
 def load_pair(a, b, families, lazy_dtype=None):
