@@ -6,7 +6,7 @@ Learning on (`LearnConfig.extend` > 1): a run whose best state is its last evalu
 barrier, or the many-model objective) below the one before by more than `FLAT` nats, was still improving
 when its cosine schedule ended. It then learns one more chunk (a quarter of the planned steps, whole
 evaluation intervals) on a cosine cycle of its own
-from half the planned rate, and again after each chunk that ends the same way, while the steps stay
+from `RESTART` times the planned rate, and again after each chunk that ends the same way, while the steps stay
 within `extend` times the planned ones. The best state is kept as always, so learning on never makes the
 result worse; it costs at most (extend - 1) x the planned steps. Where it fails: a curve that improves
 by less than FLAT per evaluation, or whose gain at the end came from the schedule's annealing alone,
@@ -53,12 +53,16 @@ def _cosine_lr(lr: float, step: int, total: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * step / max(total, 1)))
 
 
+#: the rate each cycle of learning on starts from, as a fraction of the planned rate
+RESTART = 0.5
+
+
 def scheduled_lr(lr: float, step: int, planned: int, chunk: int) -> float:
     """The rate of `step`: cosine decay over the `planned` steps, then, for the steps learned on past
-    them, a cosine cycle per `chunk` steps from lr / 2."""
+    them, a cosine cycle per `chunk` steps from lr * RESTART."""
     if step < planned or chunk < 1:
         return _cosine_lr(lr, step, planned)
-    return _cosine_lr(lr / 2, (step - planned) % chunk, chunk)
+    return _cosine_lr(lr * RESTART, (step - planned) % chunk, chunk)
 
 
 def extension_chunk(planned: int, eval_every: int) -> int:
