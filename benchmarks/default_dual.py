@@ -56,21 +56,27 @@ def learning_columns(r: dict, rate: float, start: float, best: float) -> list[st
             f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
 
 
-def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
-    (a, _), (b, _) = pairs.commands(name, (0, 1), runs, data_root)
+def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str], seeds=(0, 1)) -> list[str]:
+    (a, _), (b, _) = pairs.commands(name, seeds, runs, data_root)
     data = f"{data_root}/tinyshakespeare.txt" if "vit" not in name else f"{data_root}/mnist/mnist.pkl.gz"
     barrier = [*test_args("vit" in name), "--points", "11"]
-    out, rep = work / name, work / f"{name}.json"
+    label = pair_label(name, seeds)
+    out, rep = work / label, work / f"{label}.json"
     symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, "--json", str(rep)], rep, commands)
-    for label, x, y in (("dual", out / "A", out / "B"), ("plain", a, b)):
-        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{name}-{label}.json")],
-                 work / f"{name}-{label}.json", commands)
+    for kind, x, y in (("dual", out / "A", out / "B"), ("plain", a, b)):
+        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{label}-{kind}.json")],
+                 work / f"{label}-{kind}.json", commands)
     r = json.loads(rep.read_text())
-    dual = json.loads((work / f"{name}-dual.json").read_text())["barrier"]
-    plain = json.loads((work / f"{name}-plain.json").read_text())["barrier"]
+    dual = json.loads((work / f"{label}-dual.json").read_text())["barrier"]
+    plain = json.loads((work / f"{label}-plain.json").read_text())["barrier"]
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [name, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}",
+    return [label, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}",
             *learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
+
+
+def pair_label(name: str, seeds) -> str:
+    """The pair's name in tables and file names: the pairs.py name, with its seeds where they are not 0 and 1."""
+    return name if tuple(seeds) == (0, 1) else f"{name}-seeds{seeds[0]}{seeds[1]}"
 
 
 def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.Namespace, Path]:
@@ -87,13 +93,16 @@ def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="+", help="pairs.py names, each trained at seeds 0 and 1")
+    ap.add_argument("names", nargs="+", help="pairs.py names, each trained at the two --seeds")
+    ap.add_argument("--seeds", default="0,1", help="the pair's two training seeds (default 0,1)")
     args, work = parse(ap, "default_dual", "runs/default-dual")
+    seeds = tuple(int(x) for x in args.seeds.split(","))
     for name in args.names:
         commands: list[str] = []
-        row = measure(name, args.runs, args.data_root, work, commands)
+        row = measure(name, args.runs, args.data_root, work, commands, seeds)
         print(row, flush=True)
-        record.save(args.results, "default_dual", name, f"{name}: the default align --method dual",
+        key = pair_label(name, seeds)
+        record.save(args.results, "default_dual", key, f"{key}: the default align --method dual",
                     [record.table(name, COLUMNS, [row])], commands=[record.command(), *commands],
                     notes="test-loss barriers in nats per character (ViT: per image); validation barrier from the "
                           "run's report (its 11-point grid on the validation split)")
