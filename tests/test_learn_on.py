@@ -14,7 +14,7 @@ from learned_common import CONTINUOUS
 from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.match.learn_config import FLAT, LearnConfig
-from symmerge.match.learn_loop import Interrupted, extension_chunk, scheduled_lr
+from symmerge.match.learn_loop import RESTART, Interrupted, extension_chunk, scheduled_lr
 from symmerge.match.learn_report import time_line
 from symmerge.match.learned import learn
 
@@ -36,12 +36,13 @@ def _cfg(**kw) -> LearnConfig:
     return LearnConfig(**{**base, **kw})
 
 
-def test_schedule_is_the_plan_then_cycles_from_half_the_rate():
+def test_schedule_is_the_plan_then_cycles_from_a_fraction_of_the_rate():
     chunk = extension_chunk(PLANNED, EVERY)
     assert chunk == EVERY and extension_chunk(1000, 100) == 200 and extension_chunk(1000, 300) == 300
     assert scheduled_lr(1.0, 0, PLANNED, chunk) == 1.0 and scheduled_lr(1.0, PLANNED - 1, PLANNED, chunk) < 0.05
-    assert [scheduled_lr(1.0, PLANNED + i * chunk, PLANNED, chunk) for i in range(3)] == [0.5, 0.5, 0.5]
-    assert scheduled_lr(1.0, PLANNED + 1, PLANNED, chunk) < 0.5
+    assert 0 < RESTART < 1
+    assert [scheduled_lr(1.0, PLANNED + i * chunk, PLANNED, chunk) for i in range(3)] == [RESTART] * 3
+    assert scheduled_lr(1.0, PLANNED + 1, PLANNED, chunk) < RESTART
 
 
 def test_a_run_still_improving_learns_on_by_the_rule(pair):
