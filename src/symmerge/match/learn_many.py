@@ -45,7 +45,7 @@ from .frozen import Frozen, fill
 from .learn_config import DTYPES, LearnConfig
 from .learn_loop import Result, Run
 from .learn_state import load_plan, save_plan
-from .learner import Slot, eps_scale, lap, prepare, select
+from .learner import Slot, eps_scale, lap, prepare, select, trainables
 from .lr_search import run_rate
 from .objectives import SimplexObjective
 from .parametrize import learnable, parametrization, resolve_methods, straight_through
@@ -129,7 +129,7 @@ class ManyLearner:
         return {f"{i}.{k}": t for i, g in enumerate(self.init) for k, t in g.items()}
 
     def trainables(self) -> dict[str, torch.Tensor]:
-        return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
+        return trainables(self.slots)
 
     def element(self, i: int, hard: bool) -> dict:
         """Model i's element on top of its base (straight-through permutations unless `hard`)."""

@@ -39,6 +39,11 @@ class Slot:
     def key(self) -> str:
         return f"{self.side}.{self.group}"
 
+def trainables(slots: list[Slot]) -> dict[str, torch.Tensor]:
+    """The learned tensors of `slots`, named `side.group.key` (the names a checkpoint keeps them under)."""
+    return {f"{s.key}.{k}": t for s in slots for k, t in sorted(s.raw.items())}
+
+
 def lap(latent: torch.Tensor) -> torch.Tensor:
     """Hard permutation (index vector) maximising sum_i L[i, p[i]], batched over leading axes.
 
@@ -192,7 +197,7 @@ class Learner:
         return self.init
 
     def trainables(self) -> dict[str, torch.Tensor]:
-        return {f"{s.key}.{k}": t for s in self.slots for k, t in sorted(s.raw.items())}
+        return trainables(self.slots)
 
     def element(self, side: str, hard: bool, only=None, skip=()) -> dict[str, torch.Tensor]:
         """The side's learned element (on top of its base); straight-through permutations unless `hard`.
