@@ -62,15 +62,13 @@ class PartCache(Parts):
             raise KeyError(f"part {key!r} is not cached (parts: {self.keys})")
         if self.on_disk:
             from safetensors import safe_open
-            from safetensors.torch import load_file
 
-            tensors = load_file(str(self._file(key)))
-            with safe_open(str(self._file(key)), "pt") as f:
+            with safe_open(str(self._file(key)), "pt") as f:  # one read: the layouts, then each tensor in their order
                 layout = json.loads(f.metadata()["strides"])
+                tensors = {k: f.get_tensor(k) for k in layout}
             if not self.strides:
-                return {k: tensors[k] for k in layout}
-            return {k: torch.empty_strided(tensors[k].shape, s, dtype=tensors[k].dtype).copy_(tensors[k])
-                    for k, s in layout.items()}
+                return tensors
+            return {k: torch.empty_strided(v.shape, layout[k], dtype=v.dtype).copy_(v) for k, v in tensors.items()}
         return {k: v.clone() for k, v in self._mem[key].items()}  # dense: the same strides
 
     def close(self) -> None:
