@@ -105,3 +105,26 @@ def test_align_default_keeps_the_lowest_midpoint_loss(tmp_path, monkeypatch):
     assert fig["blocks_candidates"][kept] == pytest.approx(mid(A, moved, split["validation"]), abs=tol)
     assert abs(mid(A, moved, split["train"]) - mid(A, moved, split["validation"])) > 100 * tol  # the controls
     assert abs(mid(A, B, split["validation"]) - mid(A, moved, split["validation"])) > 100 * tol
+
+
+@pytest.mark.parametrize("blocks, reads", [("best", {"train", "validation"}), ("weight", {"train"}),
+                                           ("activation", {"train"})])
+def test_align_reads_held_out_batches_only_where_its_blocks_judge_them(blocks, reads, tmp_path, monkeypatch):
+    """`align --method activation` loads the validation split only for `--blocks best`, the one choice that judges
+    candidates on it; "weight" and "activation" read the training split alone (the control: "best" reads both)."""
+    import symmerge.data.batches
+    from symmerge.workflows.pair import align_checkpoints
+
+    a = save_model(make_model("gpt2", 0), tmp_path / "a")
+    b = save_model(make_model("gpt2", 1), tmp_path / "b")
+    split = {"train": batches("gpt2"), "validation": batches("gpt2", seed=1)}
+    read = set()
+
+    def load(model, data, which, *args, **kwargs):
+        read.add(which)
+        return split[which]
+
+    monkeypatch.setattr(symmerge.data.batches, "load_batches", load)
+    rep = align_checkpoints(a, b, tmp_path / "out", "activation", {"blocks": blocks}, data="fake")
+    assert read == reads
+    assert rep.get("blocks", "activation") == blocks  # the option reached the matcher (the data-only element says nothing)

@@ -136,7 +136,7 @@ def merge(models: list, out, method: str = "weight", options: Options | dict | N
         count = max_batches if max_batches is not None else opts["max_batches"]
         train = load_batches(paths[0], data, "train", size, seq_len, count)
         val = validation_batches(opts, data, paths[0], size, seq_len, method) if matcher.validates else \
-            load_batches(paths[0], data, "validation", size, seq_len, count) if matcher.holds_out else []
+            load_batches(paths[0], data, "validation", size, seq_len, count) if matcher.holds_out(opts) else []
         return registry.Data(train, val)
 
     group = distributed.init(device) if matcher.validates else distributed.current()  # torchrun: learned/dual

@@ -5,9 +5,9 @@ hold every default, help text and parser, from which the command line builds its
 
 A matcher is registered with
 - `needs_data`: it runs both models on batches (`Data.train`); `validates`: it also needs validation
-  batches (`Data.val`, on which learned matching picks its best state); `holds_out`: it reads as many
-  validation batches as training ones, when given (`Data.val`, on which activation matching chooses its
-  element; the training batches when there are none);
+  batches (`Data.val`, on which learned matching picks its best state); `holds_out(opts)`: whether, with
+  these resolved options, it reads as many validation batches as training ones, when given (`Data.val`, on
+  which activation matching's `--blocks best` chooses its element; the training batches when there are none);
 - `starts_from`: the matcher whose solution it starts from, run first over the same groups
   (learned and dual start from weight matching: its element is their `init`);
 - `options`: its options class (a subclass of the start's where it has one, so that it holds the
@@ -80,7 +80,7 @@ class Matcher:
     run: Callable
     options: type[Options] = Options  # its options class (`match.options`), its start's options among them
     validates: bool = False
-    holds_out: bool = False
+    holds_out: Callable[[dict], bool] = lambda opts: False  # noqa: E731 -- a predicate on the resolved options
     starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
@@ -117,6 +117,12 @@ def _run_activation(a, b, families, data, opts, start, progress: bool = False, d
 
     res = per_block(a, b, families, res, opts["blocks"], midpoint_loss, dtype=precision, progress=progress)
     return _from_match("activation", res)
+
+
+def _activation_holds_out(opts: dict) -> bool:
+    from .activation_blocks import reads_held_out
+
+    return reads_held_out(opts["blocks"])
 
 
 def _run_learned(method: str, a, b, families, data, opts, start, progress: bool = True, checkpoint=None,
@@ -189,7 +195,7 @@ MATCHERS = {m.name: m for m in (
     Matcher("weight", "weight matching", "data-free", False, _run_weight, WeightOptions,
             streams=True, places=True, many=_run_weight_many),
     Matcher("activation", "activation matching", "activations on --data", True, _run_activation,
-            ActivationOptions, streams=True, casts=True, holds_out=True, many=_run_activation_many),
+            ActivationOptions, streams=True, casts=True, holds_out=_activation_holds_out, many=_run_activation_many),
     Matcher("learned", "learned matching", "B learned", True,
             partial(_run_learned, "learned"), LearnedOptions, validates=True, starts_from="weight", forward=True,
             many=partial(_run_learned_many, "learned")),

@@ -66,7 +66,8 @@ def batch_size(opts: dict, model_dir, seq_len: int | None) -> int:
 def batches_for(matcher, opts: dict, data, model_dir, split: str = "train",
                 seq_len: int | None = None) -> registry.Data | None:
     """learned/dual: training batches and validation batches; activation: batches of `split`, and as many of the
-    validation split to choose its element on (`Matcher.holds_out`); a `registry.Data` given as `data` as it is."""
+    validation split to choose its element on where its options read them (`Matcher.holds_out`); a
+    `registry.Data` given as `data` as it is."""
     if not matcher.needs_data or isinstance(data, registry.Data):
         return data if matcher.needs_data else None
     size = batch_size(opts, model_dir, seq_len)
@@ -75,7 +76,7 @@ def batches_for(matcher, opts: dict, data, model_dir, split: str = "train",
                              validation_batches(opts, data, model_dir, size, seq_len, matcher.name))
     train = load_data(data, model_dir, split, size, seq_len, opts["max_batches"], matcher.name)
     held = load_data(data, model_dir, "validation", size, seq_len, opts["max_batches"], matcher.name) \
-        if matcher.holds_out else []
+        if matcher.holds_out(opts) else []
     return registry.Data(train, held)
 
 
