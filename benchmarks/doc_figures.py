@@ -5,7 +5,124 @@ them as README.md's."""
 
 from __future__ import annotations
 
-from figure_refs import Figure, NotFigure
+from figure_refs import Figure, Mean, P, Ref, not_figures
 
-FIGURES: dict[str, Figure] = {}
-NOT_FIGURES: tuple[NotFigure, ...] = ()
+LIMITATIONS, TWO_MODELS, MANY_MODELS = "docs/limitations.md", "docs/guides/two-models.md", "docs/guides/many-models.md"
+
+# --- the result cells the pages quote -------------------------------------------------------------------
+
+#: the six demo pairs of benchmarks/activation_diagnosis.py, by the name two-models.md gives them
+ACTIVATION_PAIRS = {
+    "ViTs on MNIST, seeds 0 and 1": "mnist-vit-demo-seed0 vs mnist-vit-demo-seed1",
+    "ViTs on MNIST, seeds 2 and 3": "mnist-vit-demo-seed2 vs mnist-vit-demo-seed3",
+    "character GPT-2s, seeds 0 and 1": "ts-char-gpt2-demo-seed0 vs ts-char-gpt2-demo-seed1",
+    "Llama-style, characters, seeds 0 and 1": "ts-char-llama-demo-seed0 vs ts-char-llama-demo-seed1",
+    "Llama-style, characters, seeds 2 and 3": "ts-char-llama-demo-seed2 vs ts-char-llama-demo-seed3",
+    "GPT-NeoX, characters, seeds 0 and 1": "ts-char-neox-demo-seed0 vs ts-char-neox-demo-seed1",
+}
+#: the rows of an activation_diagnosis record that two-models.md's columns print, in their order
+WEIGHT, ACTIVATION, GIVEN_ROTATION, BEST = ("weight matching |", "activation matching |",
+                                            "weight matching given activation matching's residual rotation",
+                                            "the default (--blocks best)")
+
+
+def _activation(pair: str, row: str) -> Ref:
+    """The test barrier of one element of one pair (`pair` as two-models.md names it)."""
+    return Ref("activation_diagnosis", ACTIVATION_PAIRS[pair], row, "barrier")
+
+
+def _short(pair: str) -> str:
+    """A pair's short name: vit-0-1 for mnist-vit-demo-seed0 vs mnist-vit-demo-seed1."""
+    a, b = ACTIVATION_PAIRS[pair].split(" vs ")
+    return f"{a.split('-')[-3]}-{a[-1]}-{b[-1]}"
+
+
+def _mean(row: str) -> Mean:
+    return Mean(tuple(_activation(pair, row) for pair in ACTIVATION_PAIRS))
+
+
+def _many(model: str) -> Ref:
+    """The default dual's share of plain averaging's excess on four demo models."""
+    return Ref("default_many", f"{model}-many", f"4 {model}", "default dual excess / simplex (ratio)", k=2)
+
+
+def _width(model: str, column: str) -> Ref:
+    """A method's share of the bare expansion's barrier on a x2 width pair."""
+    return Ref("default_many", f"{model}-width", f"{model}:", column, k=1)
+
+
+def _dual(pair: str) -> Ref:
+    """The default dual's share of plain averaging's test barrier on a demo pair."""
+    return Ref("default_dual", pair, pair, "dual / plain")
+
+
+def _width_vit(row: str, column: str = "barrier") -> Ref:
+    return Ref("width_weight_diagnosis", "mnist-vit-demo-seed0 into mnist-vit-wide-seed1", row, column)
+
+
+MODELS = ("vit", "gpt2", "llama")
+VIT01, LLAMA01 = "ViTs on MNIST, seeds 0 and 1", "Llama-style, characters, seeds 0 and 1"
+ACT_DIAG, DEFAULT_MANY = "benchmarks/activation_diagnosis.py", "benchmarks/default_many.py"
+
+# --- the figures, by page ---------------------------------------------------------------------------------
+
+_FIGURES = [
+    Figure("limitations-many", P("dual matching leaves {} (ViT), {} (GPT-2) and {} (Llama) of plain averaging's excess "
+                                 "on four demo models, and {} (ViT), {} (GPT-2) and {} (Llama) of the bare expansion's"),
+           "benchmark", refs=tuple(map(_many, MODELS)) + tuple(_width(m, "default dual (ratio)") for m in MODELS),
+           command=DEFAULT_MANY, page=LIMITATIONS),
+    Figure("limitations-width-weight", P("alone leaves {} of the bare expansion's barrier on the ViT width pair ({} on "
+                                         "GPT-2's, {} on Llama's;"), "benchmark",
+           refs=tuple(_width(m, "weight (ratio)") for m in MODELS), command=DEFAULT_MANY, page=LIMITATIONS),
+    Figure("limitations-width-vit", P("(similarity {} against weight matching's {}) and leaves {}, and weight matching's "
+                                      "own sweeps started from it raise the similarity and the barrier with it (to {} "
+                                      "over every family; {} from the OV maps alone, {} from the residual rotation "
+                                      "alone)"), "benchmark",
+           refs=(_width_vit("the dual run's element", "weight similarity"),
+                 _width_vit("weight matching |", "weight similarity"), _width_vit("the dual run's element"),
+                 _width_vit("weight matching from the dual element: every default family"),
+                 _width_vit("weight matching from the dual element: ov_map"),
+                 _width_vit("weight matching from the dual element: residual_rotation")),
+           command="benchmarks/width_weight_diagnosis.py", page=LIMITATIONS),
+    Figure("limitations-memory", P("({} GiB for a {} GiB target:"), "benchmark",
+           refs=(Ref("learned_memory", "cli", "align --method dual, pythia-1.4b-L24", "maximum RSS"),
+                 Ref("learned_memory", "cli", "align --method dual, pythia-1.4b-L24", "target")),
+           command="benchmarks/learned_memory.py", page=LIMITATIONS),
+    Figure("limitations-blocks-activation", P("(e.g. ViT {} against {}, Llama {} against {})"), "benchmark",
+           refs=(_activation(VIT01, ACTIVATION), _activation(VIT01, WEIGHT), _activation(LLAMA01, ACTIVATION),
+                 _activation(LLAMA01, WEIGHT)), command=ACT_DIAG, page=LIMITATIONS),
+    Figure("limitations-blocks-best", P("(mean {} against {}); on the first ViT pair the choice missed the lowest "
+                                        "candidate ({} where {} was available, weight matching {})"), "benchmark",
+           refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, BEST), _activation(VIT01, GIVEN_ROTATION),
+                 _activation(VIT01, WEIGHT)), command=ACT_DIAG, page=LIMITATIONS),
+    Figure("limitations-rotary", P("the default leaves {} of plain averaging's barrier on the Llama demo pair ({} on "
+                                   "the NeoX pair, 25% rotary; {} on GPT-2)"), "benchmark",
+           refs=(_dual("llama-char-demo"), _dual("neox-char-demo"), _dual("gpt2-char-demo")),
+           command="benchmarks/default_dual.py", page=LIMITATIONS),
+    *(Figure(f"two-models-{_short(pair)}", P(f"| {pair} | {{}} | {{}} | {{}} | {{}} |"),
+             "benchmark", refs=tuple(_activation(pair, row) for row in (WEIGHT, ACTIVATION, GIVEN_ROTATION, BEST)),
+             command=ACT_DIAG, page=TWO_MODELS) for pair in ACTIVATION_PAIRS),
+    Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
+                                       "batches missed the lowest candidate ({})."), "benchmark",
+           refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
+    Figure("many-models-default", P("and left {} to {} of plain averaging's excess"), "benchmark",
+           refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY, page=MANY_MODELS),
+]
+FIGURES = {f.name: f for f in _FIGURES}
+
+# --- the numbers that are no results, by page and reason --------------------------------------------------
+
+NOT_FIGURES = not_figures({
+    "a configuration (NeoX's rotary fraction)": ("25% rotary",),
+    "targets (what the memory and step-cost measurements are held to)": (
+        "within 1.3 x the endpoints + 1 GiB", "costs at most 1.2x a plain training step"),
+}, page=LIMITATIONS) + not_figures({
+    "settings (the validation size's target, the threshold of learning on, the validation split's share)": (
+        "standard error is at most 0.002 nats", "lower than the one before by more than 0.001 nats",
+        "(90-95% of its windows)"),
+    "examples of the end line's wording": ('("after it rose to 0.031", "stayed within +0.001 over 4 evaluations"',),
+}, page="docs/guides/learned-dual.md") + not_figures({
+    "a configuration (the device mesh of a test)": ("a 1-D and a 2 x 2 mesh",),
+}, page="docs/guides/distributed.md") + not_figures({
+    "a requirement (Python's version)": ("Python 3.11 or later",),
+}, page="docs/getting-started.md")

@@ -7,7 +7,8 @@ A `Ref` names the result file, the record (its `key`), the table (its index in t
 start of its cells joined by " | ", which must pick exactly one row), the column (its heading) and which
 number of the cell (`k`, counted from 0: "0.0423 ± 0.0046 seeds ± 0.0047 test" holds three). A figure a
 page derives from recorded ones says how: `(x - minus) * scale`, `minus` a number or another `Ref` (a
-percentage of a ratio: minus 1, scale 100; a difference of two cells). A printed value agrees with its
+percentage of a ratio: minus 1, scale 100; a difference of two cells), or `Mean`, the mean of several
+references' numbers (a mean over pairs). A printed value agrees with its
 reference when they differ by at most half a unit of the printed value's last digit (0.694 for 0.6943,
 "1e-6" for 8e-7): a page may round, never change, a figure.
 """
@@ -68,6 +69,26 @@ class Ref:
         return (float(numbers[self.k].replace(",", "")) - minus) * self.scale
 
 
+@dataclass(frozen=True)
+class Mean:
+    """The mean of several references' numbers, all of one result file."""
+
+    refs: tuple[Ref, ...]
+
+    def __post_init__(self) -> None:
+        assert len({r.result for r in self.refs}) == 1, "a Mean's references are of one result file"
+
+    @property
+    def result(self) -> str:
+        return self.refs[0].result
+
+    def __str__(self) -> str:
+        return f"the mean of {len(self.refs)} cells: " + "; ".join(map(str, self.refs))
+
+    def value(self, results: dict[str, dict]) -> float:
+        return sum(r.value(results) for r in self.refs) / len(self.refs)
+
+
 def half_unit(printed: str) -> float:
     """Half a unit of the printed value's last digit."""
     mantissa, _, exponent = printed.lower().partition("e")
@@ -86,7 +107,8 @@ def row(result: str, record: str, row: str, columns: list[str], table: int = 0) 
 
 # --- the registry's entries ---------------------------------------------------------------------------------
 
-NUM = r"(\d+(?:\.\d+)?)"
+#: a value of a pattern, its sign included
+NUM = r"(-?\d+(?:\.\d+)?)"
 
 
 def P(template: str) -> str:
@@ -132,7 +154,7 @@ class Figure:
     #: test/script: the run giving the values as the page prints them, in the pattern's group order
     run: Callable[[Path], list[str]] | None = None
     #: benchmark: the result cell each value comes from, in the pattern's group order
-    refs: tuple[Ref, ...] = ()
+    refs: tuple[Ref | Mean, ...] = ()
     #: the command (script) that produces it; benchmark: the section holds the full command lines
     command: str = ""
     #: one for every value, or one per value

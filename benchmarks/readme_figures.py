@@ -1,5 +1,5 @@
 """The figures of the documentation: one registry of every measured number that the pages of `PAGES` (the
-one list of pages checked: README.md and the docs pages it lists) print, the command that produces it, and
+one list of pages checked: README.md and every page of docs/) print, the command that produces it, and
 how a fresh value is compared; regenerated and compared by one script (a stale figure exits 1). README.md's
 entries are here, the docs pages' in `doc_figures.py`.
 
@@ -48,8 +48,8 @@ from figure_refs import load as load_results
 from readme_runs import demo, demo_scale
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the pages the registry covers, from the repository root
-PAGES = (README,)
+#: the pages the registry covers, from the repository root: README.md and every page of docs/
+PAGES = (README,) + tuple(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")))
 #: every result file, by name (benchmarks/results/NAME.json)
 RESULTS = load_results()
 
