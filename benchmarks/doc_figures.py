@@ -123,6 +123,7 @@ NOT_FIGURES = not_figures({
     "examples of the end line's wording": ('("after it rose to 0.031", "stayed within +0.001 over 4 evaluations"',),
 }, page="docs/guides/learned-dual.md") + not_figures({
     "a configuration (the device mesh of a test)": ("a 1-D and a 2 x 2 mesh",),
+    "a tolerance (what the distributed tests hold a few steps to)": ("compare a few steps to 1e-5 relative",),
 }, page="docs/guides/distributed.md") + not_figures({
     "a requirement (Python's version)": ("Python 3.11 or later",),
 }, page="docs/getting-started.md")
