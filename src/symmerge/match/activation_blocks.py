@@ -36,13 +36,13 @@ from .weight import MatchResult, weight_match
 
 #: the first is the default
 BLOCKS = ("best", "weight", "activation")
+#: `--blocks best`'s candidates, in the order a tie keeps
+CANDIDATES = ("weight given the rotation", "weight from the activations' element", "weight from the identity")
+
+
 def reads_held_out(blocks: str) -> bool:
     """Whether `blocks` (one of `BLOCKS`) reads held-out batches: only "best" judges its candidates' merges."""
     return blocks == BLOCKS[0]
-
-
-#: `--blocks best`'s candidates, in the order a tie keeps
-CANDIDATES = ("weight given the rotation", "weight from the activations' element", "weight from the identity")
 
 
 def blocks_given_rotation(a, b, families: list[str] | None, found: MatchResult, max_iters: int = 20,

@@ -80,7 +80,7 @@ class Matcher:
     run: Callable
     options: type[Options] = Options  # its options class (`match.options`), its start's options among them
     validates: bool = False
-    holds_out: Callable[[dict], bool] = lambda opts: False  # noqa: E731 -- a predicate on the resolved options
+    holds_out: Callable[[dict], bool] = lambda opts: False  # a predicate on the resolved options
     starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
