@@ -91,7 +91,9 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_dual.py llama-char-demo --seeds 2,3"),
     Figure("default-dual-llama-mha", P("without grouped-query attention {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py llama-mha-char-demo"),
-    Figure("default-dual-gpt2", P("on the character GPT-2 demo pair {} against {}: {} of it"), "benchmark",
+    Figure("default-dual-neox-rot100", P("RoPE on the whole head {} against {}: {} of it"), "benchmark",
+           command="benchmarks/default_dual.py neox-rot100-char-demo"),
+    Figure("default-dual-gpt2", P("character GPT-2 demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py gpt2-char-demo"),
     Figure("default-dual-vit", P("on the MNIST ViT demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py vit-demo"),
@@ -160,6 +162,8 @@ REFS: dict[str, tuple[Ref, ...]] = {
                                   for c in ("default dual", "plain", "dual / plain")),
     "default-dual-llama-mha": tuple(R("default_dual", "llama-mha-char-demo", "llama-mha-char-demo", c)
                                     for c in ("default dual", "plain", "dual / plain")),
+    "default-dual-neox-rot100": tuple(R("default_dual", "neox-rot100-char-demo", "neox-rot100-char-demo", c)
+                                      for c in ("default dual", "plain", "dual / plain")),
     "default-dual-gpt2": tuple(R("default_dual", "gpt2-char-demo", "gpt2-char-demo", c)
                                for c in ("default dual", "plain", "dual / plain")),
     "default-dual-vit": tuple(R("default_dual", "vit-demo", "vit-demo", c) for c in ("default dual", "plain", "dual / plain")),
