@@ -30,17 +30,15 @@ from symmerge.algebra.elements import identity_element
 from symmerge.data.batches import load_batches
 from symmerge.evaluation.barrier_pair import barrier
 from symmerge.match.weight import weight_match
+from symmerge.match.weight_state import State
 from symmerge.store.expansion import widest
 from symmerge.store.model import load_model
 
 COLUMNS = ["element", "weight similarity", "barrier", "at λ", "seconds"]
 
 
-def weight_similarity(a: dict, b: dict) -> float:
-    """Weight matching's objective, `1 - ||A - B||^2 / ||A||^2` over the canonical tensors (the norm eps, a config value, left out)."""
-    keys = [k for k in a if a[k].dim() > 0]
-    dist = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in keys)
-    return 1.0 - dist / sum(float(a[k].double().pow(2).sum()) for k in keys)
+def float64(params: dict) -> dict:
+    return {k: v.double() for k, v in params.items()}
 
 
 def main() -> None:
@@ -60,8 +58,9 @@ def main() -> None:
     rows = []
 
     def row(name, a, b, g, seconds=0.0):
-        similarity = weight_similarity(a.params, apply(spec, g, b.params))
-        r = barrier(a, dataclasses.replace(b, params=apply(spec, g, b.params)), test, points=11, progress=False)
+        moved = apply(spec, g, b.params)
+        similarity = State(spec, float64(a.params), float64(moved), identity).similarity()  # weight matching's objective
+        r = barrier(a, dataclasses.replace(b, params=moved), test, points=11, progress=False)
         rows.append([name, f"{similarity:.3f}", f"{r['barrier']:.4f}", f"{r['barrier_lambda']:.1f}", f"{seconds:.1f}"])
         print("| " + " | ".join(rows[-1]) + " |", flush=True)
 
