@@ -53,9 +53,9 @@ def _cosine_lr(lr: float, step: int, total: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * step / max(total, 1)))
 
 
-#: the rate each cycle of learning on starts from, as a fraction of the planned rate: low, since the run ended
-#: annealed at its best state (from half the rate, the Llama demo pair's validation barrier rose 0.156 -> 0.175
-#: at the restart and never got back below; from a tenth it went on to 0.153: benchmarks/results/default_dual.json)
+#: the rate each cycle of learning on starts from, as a fraction of the planned rate: low, since the plan ended
+#: annealed at its best state and a restart near the planned rate can leave it for a worse one (measured on the
+#: Llama demo pair: the notes of its record in benchmarks/results/default_dual.json)
 RESTART = 0.1
 
 

@@ -39,6 +39,7 @@ class Slot:
     def key(self) -> str:
         return f"{self.side}.{self.group}"
 
+
 def trainables(slots: list[Slot]) -> dict[str, torch.Tensor]:
     """The learned tensors of `slots`, named `side.group.key` (the names a checkpoint keeps them under)."""
     return {f"{s.key}.{k}": t for s in slots for k, t in sorted(s.raw.items())}
