@@ -58,8 +58,8 @@ def learning_columns(r: dict, rate: float, start: float, best: float) -> list[st
 
 def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str], seeds=(0, 1)) -> list[str]:
     (a, _), (b, _) = pairs.commands(name, seeds, runs, data_root)
-    data = f"{data_root}/tinyshakespeare.txt" if "vit" not in name else f"{data_root}/mnist/mnist.pkl.gz"
-    barrier = [*test_args("vit" in name), "--points", "11"]
+    data = pairs.data_of(name, data_root)
+    barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
     label = pair_label(name, seeds)
     out, rep = work / label, work / f"{label}.json"
     symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, "--json", str(rep)], rep, commands)

@@ -95,7 +95,8 @@ def section(result: dict) -> list[str]:
     inputs = result.get("inputs") or []
     if result["benchmark"] == "pairs":
         out += [_wrap("Inputs: the data beside the checkout, `../shared/data` (`tinyshakespeare.txt`, GPT-2's "
-                      "`encoder.json` and `vocab.bpe`, `mnist/mnist.pkl.gz`)."), ""]
+                      "`encoder.json` and `vocab.bpe`, `mnist/mnist.pkl.gz`; the `unseen` set: `wikitext2-test.txt`, "
+                      "`fashion-mnist/`)."), ""]
     elif inputs:
         train = result.get("pairs_command") or "python benchmarks/pairs.py " + " ".join(i.split(" ")[0] for i in inputs)
         out += [_wrap(f"Inputs: {', '.join(f'`{i}`' for i in inputs)}, trained by `{train}`."), ""]

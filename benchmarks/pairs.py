@@ -12,6 +12,7 @@ or `--data-root`).
     python benchmarks/pairs.py vit-demo llama-char-demo     # both seeds of each
     python benchmarks/pairs.py vit-demo --seeds 0,1,2,3     # the many-model benchmark's four ViTs
     python benchmarks/pairs.py --set many-width --jobs 2    # default_many.py's models, two trained at once
+    python benchmarks/pairs.py --set unseen --jobs 2        # pairs on data no default was tuned on
 
 Each name is a family of models that differ only in the seed (`{seed}` in the folder and command).
 """
@@ -31,8 +32,13 @@ import record
 
 TS = "{data}/tinyshakespeare.txt"
 MNIST = "{data}/mnist/mnist.pkl.gz"
+WIKI = "{data}/wikitext2-test.txt"
+FASHION = "{data}/fashion-mnist"
 DEMO_LM = "--preset demo --tokenizer char --data " + TS + " --steps 1500 --warmup 75"
 DEMO_VIT = "--arch vit --preset demo --data " + MNIST + " --steps 1500 --warmup 75"
+#: the demo recipes on data no recipe or default was tuned on: WikiText-2's test file, Fashion-MNIST
+UNSEEN_LM = "--preset demo --tokenizer char --data " + WIKI + " --steps 1500 --warmup 75"
+UNSEEN_VIT = "--arch vit --preset demo --data " + FASHION + " --steps 1500 --warmup 75"
 
 #: name -> (folder under runs/ with {seed}, `symmerge train` arguments with {seed} and {data}, default seeds)
 PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
@@ -67,6 +73,10 @@ PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
                               "--seed {seed}", (0, 1)),
     "neox-seq-char-demo": ("ts-char-neox-seq-demo-seed{seed}", "--arch neox " + DEMO_LM + " --parallel-residual off "
                            "--seed {seed}", (0, 1)),
+    "gpt2-wiki-char-demo": ("wiki-char-gpt2-demo-seed{seed}", "--arch gpt2 " + UNSEEN_LM + " --seed {seed}", (0, 1)),
+    "llama-wiki-char-demo": ("wiki-char-llama-demo-seed{seed}", "--arch llama " + UNSEEN_LM + " --seed {seed}", (0, 1)),
+    "neox-wiki-char-demo": ("wiki-char-neox-demo-seed{seed}", "--arch neox " + UNSEEN_LM + " --seed {seed}", (0, 1)),
+    "vit-fashion-demo": ("fashion-vit-demo-seed{seed}", UNSEEN_VIT + " --seed {seed}", (0, 1)),
 }
 
 
@@ -75,8 +85,12 @@ SETS: dict[str, list[tuple[str, tuple[int, ...] | None]]] = {
     "many-width": [(four, (0, 1, 2, 3)) for four in ("vit-demo", "gpt2-char-demo", "llama-char-demo")]
     + [(wide, None) for wide in ("vit-wide", "gpt2-char-wide", "llama-char-wide")],
 }
+SETS["unseen"] = [(name, None) for name in ("vit-fashion-demo", "gpt2-wiki-char-demo", "llama-wiki-char-demo",
+                                               "neox-wiki-char-demo")]
 SET_TITLES = {"many-width": "the many-model and width set (benchmarks/default_many.py): four models each of vit-demo, "
-                            "gpt2-char-demo and llama-char-demo (seeds 0-3), and the wide model of each (seed 1)"}
+                            "gpt2-char-demo and llama-char-demo (seeds 0-3), and the wide model of each (seed 1)",
+              "unseen": "pairs on data no default was tuned on (benchmarks/default_dual.py): the demo recipes of ViT "
+                        "on Fashion-MNIST and of GPT-2, Llama and GPT-NeoX on WikiText-2's test file (characters)"}
 
 
 def commands(name: str, seeds: tuple[int, ...] | None = None, runs: str = "runs", data: str = "../shared/data",
@@ -90,6 +104,17 @@ def commands(name: str, seeds: tuple[int, ...] | None = None, runs: str = "runs"
     return out
 
 
+def data_of(name: str, data: str = "../shared/data") -> str:
+    """The `--data` a model of `name` is trained on: the data every benchmark of the pair reads."""
+    argv = shlex.split(PAIRS[name][1].format(seed=0, data=data))
+    return argv[argv.index("--data") + 1]
+
+
+def is_vision(name: str) -> bool:
+    """Whether `name` is an image classifier (its barriers are per image, its test split the image test set)."""
+    return "--arch vit" in PAIRS[name][1]
+
+
 def describe(name: str) -> str:
     """The commands of `name` as one shell line per model (the README's form)."""
     return "\n".join("symmerge " + shlex.join(argv) for _, argv in commands(name))
@@ -101,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the name's own)")
     ap.add_argument("--set", choices=list(SETS), default=None, help="train a named set of models (with the names given)")
     ap.add_argument("--runs", default="runs", help="folder the models are written under")
-    ap.add_argument("--data-root", default="../shared/data", help="folder holding tinyshakespeare.txt and mnist/")
+    ap.add_argument("--data-root", default="../shared/data", help="folder holding the data (tinyshakespeare.txt, mnist/, ...)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1, help="models trained at once (each at --threads)")
     ap.add_argument("--list", action="store_true", help="print every name and its commands")

@@ -135,3 +135,17 @@ def test_every_trained_model_a_benchmark_reads_is_in_its_inputs():
     result = _results()["family_barriers"]
     result["records"][0]["commands"].append("symmerge barrier runs/mnist-vit-demo-seed0 runs/mnist-vit-demo-seed1")
     assert unlisted_inputs(result) == ["vit-demo"]
+
+
+def test_each_pair_names_the_data_its_benchmarks_read():
+    import pairs
+
+    assert pairs.data_of("neox-char-demo", "D") == "D/tinyshakespeare.txt"
+    assert pairs.data_of("llama-wiki-char-demo", "D") == "D/wikitext2-test.txt"
+    assert pairs.data_of("vit-fashion-demo", "D") == "D/fashion-mnist"
+    assert pairs.is_vision("vit-fashion-demo") and pairs.is_vision("vit-demo")
+    # negative controls: a language pair is not an image classifier, and pairs on other data differ
+    assert not pairs.is_vision("gpt2-wiki-char-demo")
+    assert pairs.data_of("gpt2-wiki-char-demo") != pairs.data_of("gpt2-char-demo")
+    for name in pairs.PAIRS:  # every pair trains on data beside the checkout
+        assert pairs.data_of(name, "D").startswith("D/"), name
