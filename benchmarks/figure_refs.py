@@ -5,12 +5,12 @@ of one cell of a benchmark's result file (`benchmarks/results/NAME.json`, schema
 
 A `Ref` names the result file, the record (its `key`), the table (its index in the record), the row (the
 start of its cells joined by " | ", which must pick exactly one row), the column (its heading) and which
-number of the cell (`k`, counted from 0: "0.0423 ± 0.0046 seeds ± 0.0047 test" holds three). A figure a
-page derives from recorded ones says how: `(x - minus) * scale`, `minus` a number or another `Ref` (a
-percentage of a ratio: minus 1, scale 100; a difference of two cells), or `Mean`, the mean of several
-references' numbers (a mean over pairs). A printed value agrees with its
-reference when they differ by at most half a unit of the printed value's last digit (0.694 for 0.6943,
-"1e-6" for 8e-7): a page may round, never change, a figure.
+number of the cell (`k`, counted from 0: "0.0423 ± 0.0046 seeds ± 0.0047 test" holds three). A figure a page
+derives from recorded ones says how: `(x - minus) * scale`, `minus` a number or another `Ref` (a percentage of
+a ratio: minus 1, scale 100; a difference of two cells), `Mean`, the mean of several references' numbers (a
+mean over pairs), or `Sum`, their sum times a scale (a run's minutes from its timed parts). A printed value
+agrees with its reference when they differ by at most half a unit of the printed value's last digit (0.694 for
+0.6943, "1e-6" for 8e-7): a page may round, never change, a figure.
 """
 
 from __future__ import annotations
@@ -70,23 +70,36 @@ class Ref:
 
 
 @dataclass(frozen=True)
-class Mean:
-    """The mean of several references' numbers, all of one result file."""
+class Sum:
+    """The sum of several references' numbers, all of one result file, times `scale` (a total of a run's
+    timed parts in minutes: each part's seconds, scale 1/60)."""
 
     refs: tuple[Ref, ...]
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
-        assert len({r.result for r in self.refs}) == 1, "a Mean's references are of one result file"
+        assert len({r.result for r in self.refs}) == 1, f"a {type(self).__name__}'s references are of one result file"
 
     @property
     def result(self) -> str:
         return self.refs[0].result
 
     def __str__(self) -> str:
+        return f"{self.scale:g} x the sum of {len(self.refs)} cells: " + "; ".join(map(str, self.refs))
+
+    def value(self, results: dict[str, dict]) -> float:
+        return sum(r.value(results) for r in self.refs) * self.scale
+
+
+@dataclass(frozen=True)
+class Mean(Sum):
+    """The mean of several references' numbers, all of one result file."""
+
+    def __str__(self) -> str:
         return f"the mean of {len(self.refs)} cells: " + "; ".join(map(str, self.refs))
 
     def value(self, results: dict[str, dict]) -> float:
-        return sum(r.value(results) for r in self.refs) / len(self.refs)
+        return super().value(results) / len(self.refs)
 
 
 def half_unit(printed: str) -> float:
@@ -154,7 +167,7 @@ class Figure:
     #: test/script: the run giving the values as the page prints them, in the pattern's group order
     run: Callable[[Path], list[str]] | None = None
     #: benchmark: the result cell each value comes from, in the pattern's group order
-    refs: tuple[Ref | Mean, ...] = ()
+    refs: tuple[Ref | Sum, ...] = ()
     #: the command (script) that produces it; benchmark: the section holds the full command lines
     command: str = ""
     #: one for every value, or one per value

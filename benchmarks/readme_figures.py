@@ -204,8 +204,8 @@ NOT_FIGURES = not_figures(_NOT) + (
 ) + doc_figures.NOT_FIGURES
 
 #: what `unregistered` counts as a result: a decimal, a number with a unit, or 1e-N
-CANDIDATE = re.compile(r"(?<![\w.])(?:\d+e-\d+|\d+\.\d+|\d+(?=\s?(?:x|%|GiB|MiB|KiB)|\s(?:s|min|nats)(?!\w)))"
-                       r"(?:\s?(?:x|%|GiB|MiB|KiB)|\s(?:s|min|nats))?(?!\w|\.\d)")
+CANDIDATE = re.compile(r"(?<![\w.])(?:\d+e-\d+|\d+\.\d+|\d+(?=\s?(?:x|%|GiB|MiB|KiB)|\s(?:s|min|nats|seconds|minutes"
+                       r"|hours)(?!\w)))(?:\s?(?:x|%|GiB|MiB|KiB)|\s(?:s|min|nats|seconds|minutes|hours))?(?!\w|\.\d)")
 
 
 def _prose(text: str) -> str:
