@@ -71,6 +71,10 @@ PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
     "neox-char-demo": ("ts-char-neox-demo-seed{seed}", "--arch neox " + DEMO_LM + " --seed {seed}", (0, 1)),
     "neox-rot100-char-demo": ("ts-char-neox-rot100-demo-seed{seed}", "--arch neox " + DEMO_LM + " --rotary-pct 1.0 "
                               "--seed {seed}", (0, 1)),
+    "neox-rot06-char-demo": ("ts-char-neox-rot06-demo-seed{seed}", "--arch neox " + DEMO_LM + " --rotary-pct 0.0625 "
+                             "--seed {seed}", (0, 1)),
+    "neox-rot50-char-demo": ("ts-char-neox-rot50-demo-seed{seed}", "--arch neox " + DEMO_LM + " --rotary-pct 0.5 "
+                             "--seed {seed}", (0, 1)),
     "neox-seq-char-demo": ("ts-char-neox-seq-demo-seed{seed}", "--arch neox " + DEMO_LM + " --parallel-residual off "
                            "--seed {seed}", (0, 1)),
     "gpt2-wiki-char-demo": ("wiki-char-gpt2-demo-seed{seed}", "--arch gpt2 " + UNSEEN_LM + " --seed {seed}", (0, 1)),
