@@ -15,7 +15,10 @@ Rows:
   one row per family the architecture has: what each family contributes on that architecture;
 - `weight-qkrope`, `dual-qkrope` (models without RoPE: GPT-2): the QK maps restricted to what RoPE on the
   whole head would leave (a scaled rotation per `rotate_half` pair), a subgroup of GPT-2's QK group, so the
-  output still computes B's function: what the RoPE restriction alone costs on the same pair.
+  output still computes B's function: what the RoPE restriction alone costs on the same pair;
+- `dual-faster`: dual matching with some families' learning rates multiplied (`--faster qk_map=3,ov_map=2`,
+  each family's tensors in their own Adam group at the scheduled rate times its factor; row label
+  `dual-faster-qk_map3-ov_map2`): per-family rates, which the CLI does not offer.
 
 Each command's outputs (checkpoints, the align and barrier JSON reports) go to `WORK/NAME/ROW/`; a row
 whose barrier report exists is not run again (an interrupted study resumes). The commands run are printed
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import record
 
-ROWS = ("plain", "weight", "learned", "dual", "weight-off", "dual-off", "weight-qkrope", "dual-qkrope")
+ROWS = ("plain", "weight", "learned", "dual", "weight-off", "dual-off", "weight-qkrope", "dual-qkrope", "dual-faster")
 #: the families as `--groups` names them (the spec's constants; the default leaves the residual scale out)
 FAMILY_LABELS = {"residual_rotation": "rotation", "head_perm": "heads", "qk_map": "QK", "ov_map": "OV",
                  "ffn_perm": "FFN", "glu_scale": "GLU"}
@@ -92,9 +95,55 @@ def qk_as_rotary() -> None:
     raise SystemExit(cli(sys.argv[2:]))
 
 
-def symmerge(argv: list[str], log: Path, qk_rope: bool = False) -> None:
-    cmd = [sys.executable, *([__file__, QKROPE] if qk_rope else ["-m", "symmerge"]), *argv]
-    shown = ("$ python benchmarks/rotary_study.py " + QKROPE if qk_rope else "$ symmerge") + " " + shlex.join(argv)
+FASTER = "cli-faster"  # `rotary_study.py cli-faster FAMILY=FACTOR,... ARGV...`: the CLI with per-family rates
+
+
+def faster(tensors: list, factors: list[float], lr: float):
+    """An Adam that steps each of `tensors` at the scheduled rate times its factor: one group per tensor, in the
+    order given (the learner's, its checkpoint's order)."""
+    import torch
+
+    class Scaled(torch.optim.Adam):
+        def step(self, closure=None):
+            rates = [g["lr"] for g in self.param_groups]
+            for g in self.param_groups:
+                g["lr"] *= g["factor"]
+            try:
+                return super().step(closure)
+            finally:
+                for g, rate in zip(self.param_groups, rates):
+                    g["lr"] = rate
+
+    return Scaled([{"params": [t], "factor": f} for t, f in zip(tensors, factors)], lr=lr)
+
+
+def family_rates() -> None:
+    """Run the CLI on `sys.argv[3:]` with learned/dual matching's optimiser replaced by `faster(...)`, each
+    learned tensor at the factor of its group's family in `sys.argv[2]` (`qk_map=3,ov_map=2`; others 1);
+    nothing else changes (one process: several would sum the gradients of the first group's tensor only)."""
+    import symmerge.match.learn_loop as L
+    from symmerge.cli import main as cli
+
+    factors = {k: float(v) for k, v in (kv.split("=") for kv in sys.argv[2].split(","))}
+    init = L.Run.__init__
+
+    def patched(self, learner, *a, **k):
+        init(self, learner, *a, **k)
+        slots = [(s, t) for s in learner.slots for _, t in sorted(s.raw.items())]  # learner.trainables' order
+        assert [t for _, t in slots] == list(learner.trainables().values())
+        fams = [learner.spec.groups[s.group].family for s, _ in slots]
+        self.opt = faster([t for _, t in slots], [factors.get(f, 1.0) for f in fams], self.cfg.lr)
+        print("rates:", {f: f"{factors.get(f, 1.0):g} x {fams.count(f)} tensors" for f in sorted(set(fams))}, flush=True)
+
+    L.Run.__init__ = patched
+    raise SystemExit(cli(sys.argv[3:]))
+
+
+def symmerge(argv: list[str], log: Path, qk_rope: bool = False, factors: str = "") -> None:
+    mode = [__file__, QKROPE] if qk_rope else [__file__, FASTER, factors] if factors else ["-m", "symmerge"]
+    cmd = [sys.executable, *mode, *argv]
+    shown = ("$ symmerge" if mode[0] == "-m" else "$ python benchmarks/rotary_study.py " + " ".join(mode[1:])) + " " \
+        + shlex.join(argv)
     print(shown, flush=True)
     with open(log, "a") as f:
         f.write(shown + "\n")
@@ -110,6 +159,8 @@ def plan(args, name: str, fams: list[str]) -> list[tuple[str, str, list[str]]]:
     for row in args.rows:
         if row in ("plain", "weight", "learned", "dual", "weight-qkrope", "dual-qkrope"):
             out.append((row, row.split("-")[0], []))
+        elif row == "dual-faster":
+            out.append(("dual-faster-" + args.faster.replace("=", "").replace(",", "-"), "dual", []))
         else:
             method = row.split("-")[0]
             out += [(f"{method}-no-{f}", method, [g for g in fams if g != f]) for f in fams if f in FAMILY_LABELS]
@@ -129,7 +180,7 @@ def run_row(args, name: str, label: str, method: str, groups: list[str]) -> None
     align = ["align", a, b, "-o", str(d / "out"), "--method", method, "--json", str(d / "align.json"), "--force"]
     align += ["--groups", ",".join(groups)] if groups else []
     align += learn_flags(args, method) if method in ("learned", "dual") else ["--max-iters", "20"]
-    symmerge(align, log, qk_rope=label.endswith("-qkrope"))
+    symmerge(align, log, qk_rope=label.endswith("-qkrope"), factors=args.faster if "-faster-" in label else "")
     seconds = time.time() - t0
     pa, pb = (str(d / "out" / "A"), str(d / "out" / "B")) if method == "dual" else (a, str(d / "out"))
     symmerge(barrier_cmd(args, pa, pb, d / "barrier.json"), log)
@@ -209,6 +260,8 @@ def tables(work: Path, names: list[str]) -> str:
 def main() -> None:
     if sys.argv[1:2] == [QKROPE]:
         qk_as_rotary()
+    if sys.argv[1:2] == [FASTER]:
+        family_rates()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="runs", help="folder of the trained pairs (benchmarks/pairs.py)")
     ap.add_argument("--work", default="runs/rotary", help="outputs and reports, one folder per row")
@@ -225,6 +278,7 @@ def main() -> None:
     ap.add_argument("--val-batches", type=int, default=16)
     ap.add_argument("--val-points", type=int, default=5)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--faster", default="qk_map=3", help="dual-faster: FAMILY=FACTOR,... (the rate of each family)")
     ap.add_argument("--tables-only", action="store_true", help="print the tables from the reports, run nothing")
     record.add_argument(ap, "rotary_study")
     args = ap.parse_args()

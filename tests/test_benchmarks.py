@@ -149,3 +149,16 @@ def test_each_pair_names_the_data_its_benchmarks_read():
     assert pairs.data_of("gpt2-wiki-char-demo") != pairs.data_of("gpt2-char-demo")
     for name in pairs.PAIRS:  # every pair trains on data beside the checkout
         assert pairs.data_of(name, "D").startswith("D/"), name
+
+
+def test_the_rotary_studys_per_family_rates_step_each_tensor_at_its_factor():
+    import rotary_study
+    import torch
+
+    a, b, c = (torch.nn.Parameter(torch.ones(2)) for _ in range(3))
+    opt = rotary_study.faster([a, b, c], [0.0, 1.0, 3.0], lr=0.1)
+    (a.sum() + b.sum() + c.sum()).backward()
+    opt.step()
+    # Adam's first step moves each tensor by its rate: 0, 0.1, 0.3; the scheduled rate itself is left as it was
+    assert torch.allclose(a, torch.ones(2)) and torch.allclose(b, torch.full((2,), 0.9))
+    assert torch.allclose(c, torch.full((2,), 0.7)) and [g["lr"] for g in opt.param_groups] == [0.1] * 3
