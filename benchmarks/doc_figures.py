@@ -113,6 +113,9 @@ _FIGURES = [
     Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
+    Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
+           "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
+           command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("many-models-default", P("and left {} to {} of plain averaging's excess"), "benchmark",
            refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY, page=MANY_MODELS),
     Figure("many-models-minutes", P("the defaults took {} to {} minutes at one thread"), "benchmark",

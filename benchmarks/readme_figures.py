@@ -97,6 +97,14 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_dual.py gpt2-char-demo"),
     Figure("default-dual-vit", P("on the MNIST ViT demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py vit-demo"),
+    Figure("default-dual-gpt2-wiki", P("on WikiText-2's characters {} against {} for GPT-2\n({} of it)"), "benchmark",
+           command="benchmarks/default_dual.py gpt2-wiki-char-demo"),
+    Figure("default-dual-neox-wiki", P("{} against {} for GPT-NeoX ({} of it)"), "benchmark",
+           command="benchmarks/default_dual.py neox-wiki-char-demo"),
+    Figure("default-dual-llama-wiki", P("{} against {} for the\nLlama-style pair ({} of it)"), "benchmark",
+           command="benchmarks/default_dual.py llama-wiki-char-demo"),
+    Figure("default-dual-vit-fashion", P("on Fashion-MNIST ViTs {} against {}."), "benchmark",
+           command="benchmarks/default_dual.py vit-fashion-demo"),
     Figure("default-many-vit", P("endpoints' mean of {} where plain averaging's is {} for ViTs ({} of it)"),
            "benchmark", command="benchmarks/default_many.py vit --part many"),
     Figure("default-many-gpt2", P("), {} against {} for character GPT-2s ({} of it)"), "benchmark",
@@ -167,6 +175,11 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-dual-gpt2": tuple(R("default_dual", "gpt2-char-demo", "gpt2-char-demo", c)
                                for c in ("default dual", "plain", "dual / plain")),
     "default-dual-vit": tuple(R("default_dual", "vit-demo", "vit-demo", c) for c in ("default dual", "plain", "dual / plain")),
+    **{f"default-dual-{short}": tuple(R("default_dual", name, name, c) for c in ("default dual", "plain", "dual / plain"))
+       for short, name in (("gpt2-wiki", "gpt2-wiki-char-demo"), ("neox-wiki", "neox-wiki-char-demo"),
+                           ("llama-wiki", "llama-wiki-char-demo"))},
+    "default-dual-vit-fashion": tuple(R("default_dual", "vit-fashion-demo", "vit-fashion-demo", c)
+                                      for c in ("default dual", "plain")),
     "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
                          R("default_many", "vit-many", "4 vit", "plain excess / simplex"),
                          R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)", k=2)),
