@@ -113,6 +113,10 @@ _FIGURES = [
     Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
+    Figure("limitations-rotary-fraction", P("the default leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
+                                            "{} (half) and {} (the whole head)"), "benchmark",
+           refs=tuple(_dual(p) for p in ("neox-rot06-char-demo", "neox-char-demo", "neox-rot50-char-demo",
+                                        "neox-rot100-char-demo")), command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
            "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),

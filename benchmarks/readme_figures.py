@@ -97,6 +97,10 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_dual.py gpt2-char-demo"),
     Figure("default-dual-vit", P("on the MNIST ViT demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py vit-demo"),
+    Figure("default-dual-neox-rot50", P("on half of each\nhead {} against {}: {} of it"), "benchmark",
+           command="benchmarks/default_dual.py neox-rot50-char-demo"),
+    Figure("default-dual-neox-rot06", P("on a sixteenth {} against {}: {} of it"), "benchmark",
+           command="benchmarks/default_dual.py neox-rot06-char-demo"),
     Figure("default-dual-gpt2-wiki", P("on WikiText-2's characters {} against {} for GPT-2\n({} of it)"), "benchmark",
            command="benchmarks/default_dual.py gpt2-wiki-char-demo"),
     Figure("default-dual-neox-wiki", P("{} against {} for GPT-NeoX ({} of it)"), "benchmark",
@@ -177,7 +181,8 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-dual-vit": tuple(R("default_dual", "vit-demo", "vit-demo", c) for c in ("default dual", "plain", "dual / plain")),
     **{f"default-dual-{short}": tuple(R("default_dual", name, name, c) for c in ("default dual", "plain", "dual / plain"))
        for short, name in (("gpt2-wiki", "gpt2-wiki-char-demo"), ("neox-wiki", "neox-wiki-char-demo"),
-                           ("llama-wiki", "llama-wiki-char-demo"))},
+                           ("llama-wiki", "llama-wiki-char-demo"), ("neox-rot50", "neox-rot50-char-demo"),
+                           ("neox-rot06", "neox-rot06-char-demo"))},
     "default-dual-vit-fashion": tuple(R("default_dual", "vit-fashion-demo", "vit-fashion-demo", c)
                                       for c in ("default dual", "plain")),
     "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
