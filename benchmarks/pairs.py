@@ -88,9 +88,9 @@ PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
 SETS: dict[str, list[tuple[str, tuple[int, ...] | None]]] = {
     "many-width": [(four, (0, 1, 2, 3)) for four in ("vit-demo", "gpt2-char-demo", "llama-char-demo")]
     + [(wide, None) for wide in ("vit-wide", "gpt2-char-wide", "llama-char-wide")],
+    "unseen": [(name, None) for name in ("vit-fashion-demo", "gpt2-wiki-char-demo", "llama-wiki-char-demo",
+                                         "neox-wiki-char-demo")],
 }
-SETS["unseen"] = [(name, None) for name in ("vit-fashion-demo", "gpt2-wiki-char-demo", "llama-wiki-char-demo",
-                                               "neox-wiki-char-demo")]
 SET_TITLES = {"many-width": "the many-model and width set (benchmarks/default_many.py): four models each of vit-demo, "
                             "gpt2-char-demo and llama-char-demo (seeds 0-3), and the wide model of each (seed 1)",
               "unseen": "pairs on data no default was tuned on (benchmarks/default_dual.py): the demo recipes of ViT "
