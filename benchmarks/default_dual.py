@@ -5,10 +5,12 @@ For each `pairs.py` name (seeds 0 and 1; train them first), one command with the
 `--lr auto` (bracketed), learning on while the curve still falls (`--extend 2`), the best state on the
 validation split. Then `symmerge barrier` of the two outputs and of the plain pair on the test split (11 points,
 55 batches of 16 windows). A step whose output already exists is not run again (its report is read), so an
-interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread.
+interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread. `--epochs E`
+runs the same command with that many epochs (a length given fixes it: no learning on), recorded as NAME-epochsE.
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
+    python benchmarks/default_dual.py neox-char-demo --epochs 8     # the same with twice the planned epochs
 """
 
 from __future__ import annotations
@@ -56,27 +58,34 @@ def learning_columns(r: dict, rate: float, start: float, best: float) -> list[st
             f"{t['loop_s']:.0f}, {t['validation_s']:.0f}, {t['past_plan_s']:.0f}, {t.get('search_s', 0):.0f}"]
 
 
-def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str], seeds=(0, 1)) -> list[str]:
+def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str], seeds=(0, 1),
+            epochs: float | None = None) -> list[str]:
+    """The row of pair `name`: `epochs` None is the default run; a number sets `--epochs` (the one flag this
+    benchmark varies; the plain barrier is the pair's, shared with the default run's)."""
     (a, _), (b, _) = pairs.commands(name, seeds, runs, data_root)
     data = pairs.data_of(name, data_root)
     barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
-    label = pair_label(name, seeds)
+    pair, label = pair_label(name, seeds), pair_label(name, seeds, epochs)
     out, rep = work / label, work / f"{label}.json"
-    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, "--json", str(rep)], rep, commands)
-    for kind, x, y in (("dual", out / "A", out / "B"), ("plain", a, b)):
-        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{label}-{kind}.json")],
-                 work / f"{label}-{kind}.json", commands)
+    flags = [] if epochs is None else ["--epochs", f"{epochs:g}"]
+    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *flags, "--json", str(rep)], rep,
+             commands)
+    for kind, x, y, at in (("dual", out / "A", out / "B", label), ("plain", a, b, pair)):
+        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{at}-{kind}.json")],
+                 work / f"{at}-{kind}.json", commands)
     r = json.loads(rep.read_text())
     dual = json.loads((work / f"{label}-dual.json").read_text())["barrier"]
-    plain = json.loads((work / f"{label}-plain.json").read_text())["barrier"]
+    plain = json.loads((work / f"{pair}-plain.json").read_text())["barrier"]
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
     return [label, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}",
             *learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
 
-def pair_label(name: str, seeds) -> str:
-    """The pair's name in tables and file names: the pairs.py name, with its seeds where they are not 0 and 1."""
-    return name if tuple(seeds) == (0, 1) else f"{name}-seeds{seeds[0]}{seeds[1]}"
+def pair_label(name: str, seeds, epochs: float | None = None) -> str:
+    """The pair's name in tables and file names: the pairs.py name, with its seeds where they are not 0 and 1
+    and the epochs where they are not the default."""
+    label = name if tuple(seeds) == (0, 1) else f"{name}-seeds{seeds[0]}{seeds[1]}"
+    return label if epochs is None else f"{label}-epochs{epochs:g}"
 
 
 def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.Namespace, Path]:
@@ -95,14 +104,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="+", help="pairs.py names, each trained at the two --seeds")
     ap.add_argument("--seeds", default="0,1", help="the pair's two training seeds (default 0,1)")
+    ap.add_argument("--epochs", type=float, default=None, help="align's --epochs instead of the default recipe's "
+                    "(records NAME-epochsE)")
     args, work = parse(ap, "default_dual", "runs/default-dual")
     seeds = tuple(int(x) for x in args.seeds.split(","))
     for name in args.names:
         commands: list[str] = []
-        row = measure(name, args.runs, args.data_root, work, commands, seeds)
+        row = measure(name, args.runs, args.data_root, work, commands, seeds, args.epochs)
         print(row, flush=True)
-        key = pair_label(name, seeds)
-        record.save(args.results, "default_dual", key, f"{key}: the default align --method dual",
+        key = pair_label(name, seeds, args.epochs)
+        what = "the default align --method dual" + ("" if args.epochs is None else f" with --epochs {args.epochs:g}")
+        record.save(args.results, "default_dual", key, f"{key}: {what}",
                     [record.table(name, COLUMNS, [row])], commands=[record.command(), *commands],
                     notes="test-loss barriers in nats per character (ViT: per image); validation barrier from the "
                           "run's report (its 11-point grid on the validation split)")
