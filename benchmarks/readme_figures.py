@@ -166,23 +166,12 @@ REFS: dict[str, tuple[Ref, ...]] = {
                     _demo("activation matching", "Llama"), _seed(LLAMA_S, "learned (1e-2)"), _seed(LLAMA_S, "dual (5e-3)")),
     "table-neox": (_demo("plain averaging", "NeoX"), R(RT, "single-seed-neox", "weight matching", BAR),
                    _demo("activation matching", "NeoX"), _seed(NEOX_S, "learned (1e-2)"), _seed(NEOX_S, "dual (5e-3)")),
-    "default-dual-neox": tuple(R("default_dual", "neox-char-demo", "neox-char-demo", c)
-                               for c in ("default dual", "plain", "dual / plain")),
-    "default-dual-llama": tuple(R("default_dual", "llama-char-demo", "llama-char-demo", c)
-                                for c in ("default dual", "plain", "dual / plain")),
-    "default-dual-llama23": tuple(R("default_dual", "llama-char-demo-seeds23", "llama-char-demo-seeds23", c)
-                                  for c in ("default dual", "plain", "dual / plain")),
-    "default-dual-llama-mha": tuple(R("default_dual", "llama-mha-char-demo", "llama-mha-char-demo", c)
-                                    for c in ("default dual", "plain", "dual / plain")),
-    "default-dual-neox-rot100": tuple(R("default_dual", "neox-rot100-char-demo", "neox-rot100-char-demo", c)
-                                      for c in ("default dual", "plain", "dual / plain")),
-    "default-dual-gpt2": tuple(R("default_dual", "gpt2-char-demo", "gpt2-char-demo", c)
-                               for c in ("default dual", "plain", "dual / plain")),
-    "default-dual-vit": tuple(R("default_dual", "vit-demo", "vit-demo", c) for c in ("default dual", "plain", "dual / plain")),
-    **{f"default-dual-{short}": tuple(R("default_dual", name, name, c) for c in ("default dual", "plain", "dual / plain"))
-       for short, name in (("gpt2-wiki", "gpt2-wiki-char-demo"), ("neox-wiki", "neox-wiki-char-demo"),
-                           ("llama-wiki", "llama-wiki-char-demo"), ("neox-rot50", "neox-rot50-char-demo"),
-                           ("neox-rot06", "neox-rot06-char-demo"))},
+    **{f"default-dual-{short}": tuple(R("default_dual", key, key, c) for c in ("default dual", "plain", "dual / plain"))
+       for short, key in (("neox", "neox-char-demo"), ("llama", "llama-char-demo"), ("llama23", "llama-char-demo-seeds23"),
+                          ("llama-mha", "llama-mha-char-demo"), ("neox-rot100", "neox-rot100-char-demo"),
+                          ("gpt2", "gpt2-char-demo"), ("vit", "vit-demo"), ("gpt2-wiki", "gpt2-wiki-char-demo"),
+                          ("neox-wiki", "neox-wiki-char-demo"), ("llama-wiki", "llama-wiki-char-demo"),
+                          ("neox-rot50", "neox-rot50-char-demo"), ("neox-rot06", "neox-rot06-char-demo"))},
     "default-dual-vit-fashion": tuple(R("default_dual", "vit-fashion-demo", "vit-fashion-demo", c)
                                       for c in ("default dual", "plain")),
     "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
@@ -221,9 +210,11 @@ NOT_FIGURES = not_figures(_NOT) + (
     NotFigure(r"25% rotary", "a configuration (NeoX's rotary fraction)", many=True),
 ) + doc_figures.NOT_FIGURES
 
+#: units a number may carry: written against it or after a space, and only after a space (a whole word)
+_ATTACHED, _WORDS = r"x|%|GiB|MiB|KiB", r"s|min|nats|seconds|minutes|hours"
 #: what `unregistered` counts as a result: a decimal, a number with a unit, or 1e-N
-CANDIDATE = re.compile(r"(?<![\w.])(?:\d+e-\d+|\d+\.\d+|\d+(?=\s?(?:x|%|GiB|MiB|KiB)|\s(?:s|min|nats|seconds|minutes"
-                       r"|hours)(?!\w)))(?:\s?(?:x|%|GiB|MiB|KiB)|\s(?:s|min|nats|seconds|minutes|hours))?(?!\w|\.\d)")
+CANDIDATE = re.compile(rf"(?<![\w.])(?:\d+e-\d+|\d+\.\d+|\d+(?=\s?(?:{_ATTACHED})|\s(?:{_WORDS})(?!\w)))"
+                       rf"(?:\s?(?:{_ATTACHED})|\s(?:{_WORDS}))?(?!\w|\.\d)")
 
 
 def _prose(text: str) -> str:

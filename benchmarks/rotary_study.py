@@ -129,10 +129,10 @@ def family_rates() -> None:
 
     def patched(self, learner, *a, **k):
         init(self, learner, *a, **k)
-        slots = [(s, t) for s in learner.slots for _, t in sorted(s.raw.items())]  # learner.trainables' order
-        assert all(t is u for (_, t), u in zip(slots, learner.trainables().values(), strict=True))
-        fams = [learner.spec.groups[s.group].family for s, _ in slots]
-        self.opt = faster([t for _, t in slots], [factors.get(f, 1.0) for f in fams], self.cfg.lr)
+        family = {id(t): learner.spec.groups[s.group].family for s in learner.slots for t in s.raw.values()}
+        tensors = list(learner.trainables().values())  # the order Run's checkpoint keeps
+        fams = [family[id(t)] for t in tensors]
+        self.opt = faster(tensors, [factors.get(f, 1.0) for f in fams], self.cfg.lr)
         print("rates:", {f: f"{factors.get(f, 1.0):g} x {fams.count(f)} tensors" for f in sorted(set(fams))}, flush=True)
 
     L.Run.__init__ = patched
