@@ -4,9 +4,10 @@ averaging's, and where its time went.
 For each `pairs.py` name (seeds 0 and 1; train them first), one command with the defaults: the full recipe,
 `--lr auto` (bracketed), learning on while the curve still falls (`--extend 2`), the best state on the
 validation split. Then `symmerge barrier` of the two outputs and of the plain pair on the test split (11 points,
-55 batches of 16 windows). A step whose output already exists is not run again (its report is read), so an
-interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread. `--epochs E`
-runs the same command with that many epochs (a length given fixes it: no learning on), recorded as NAME-epochsE.
+55 batches of 16 windows). A step whose output already exists is not run again (its report is read) and an
+interrupted dual run is continued from its last state, so an interrupted benchmark goes on where it stopped.
+Each command runs in a fresh process at one thread. `--epochs E` runs the same command with that many epochs
+(a length given fixes it: no learning on), recorded as NAME-epochsE.
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
@@ -26,6 +27,8 @@ from pathlib import Path
 import pairs
 import record
 
+from symmerge.match.outputs import checkpoint_folder
+
 #: the test split every barrier is measured on: 55 batches of 16 windows, or the whole MNIST test set
 TEXT_TEST = ["--split", "test", "--batch-size", "16", "--max-batches", "55"]
 IMAGE_TEST = ["--split", "test", "--batch-size", "64", "--max-batches", "156"]
@@ -33,15 +36,24 @@ COLUMNS = ["pair", "plain", "default dual", "dual / plain", "--lr auto", "steps 
            "validation barrier: start -> best", "time: learning, validating, past the plan, rate search (s)"]
 
 
-def symmerge(argv: list[str], out: Path, commands: list[str]) -> None:
-    """Run `symmerge argv` at one thread unless `out` exists; the command line goes to `commands`."""
+def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | None = None) -> None:
+    """Run `symmerge argv` at one thread unless `out` exists; the command line goes to `commands`. `learns`: the
+    output folder of a learned or dual run, whose unfinished state (`OUT.learn-state`, written every 50 steps)
+    an interrupted benchmark continues with `--resume` (the same steps an uninterrupted run takes; the command
+    recorded is the one without it)."""
     commands.append("symmerge " + shlex.join(map(record.portable, argv)))
     if out.exists():
         print(f"exists, not run again: {commands[-1]}", flush=True)
         return
-    subprocess.run([sys.executable, "-m", "symmerge", *argv], check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-    print(f"ran: {commands[-1]}", flush=True)
+    resume = learns is not None and checkpoint_folder(learns).exists()
+    subprocess.run([sys.executable, "-m", "symmerge", *argv, *(["--resume"] if resume else [])], check=True,
+                   stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    print(f"ran{' (resumed)' if resume else ''}: {commands[-1]}", flush=True)
+
+
+def epochs_flags(epochs: float | None) -> list[str]:
+    """The flags of a learned or dual run given `--epochs` (none: the default recipe's length)."""
+    return [] if epochs is None else ["--epochs", f"{epochs:g}"]
 
 
 def test_args(vision: bool) -> list[str]:
@@ -67,9 +79,9 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
     barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
     pair, label = pair_label(name, seeds), pair_label(name, seeds, epochs)
     out, rep = work / label, work / f"{label}.json"
-    flags = [] if epochs is None else ["--epochs", f"{epochs:g}"]
-    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *flags, "--json", str(rep)], rep,
-             commands)
+    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *epochs_flags(epochs), "--json",
+              str(rep)], rep,
+             commands, learns=out)
     for kind, x, y, at in (("dual", out / "A", out / "B", label), ("plain", a, b, pair)):
         symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{at}-{kind}.json")],
                  work / f"{at}-{kind}.json", commands)

@@ -11,11 +11,14 @@ with `python benchmarks/pairs.py --set many-width`):
 - the width pair (seed 0 narrow, seed 1 wide): `expand` of the narrow one into the wide one's config (the
   bare expansion), `align --method weight` and `align --method dual`, then the test barrier of each pair.
 
-A step whose output already exists is not run again (its report is read), so an interrupted benchmark goes on
-where it stopped; each command runs in a fresh process at one thread. `--part many|width` runs one half.
+A step whose output already exists is not run again (its report is read), and an interrupted dual run is
+continued from its last state (`default_dual.symmerge`), so an interrupted benchmark goes on where it stopped;
+each command runs in a fresh process at one thread. `--part many|width` runs one half; `--epochs E` gives the
+dual runs that many epochs, recorded as FAMILY-PART-epochsE.
 
     python benchmarks/pairs.py --set many-width
     python benchmarks/default_many.py vit gpt2 llama
+    python benchmarks/default_many.py gpt2 --part width --epochs 8
 """
 
 from __future__ import annotations
@@ -48,20 +51,27 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
-    """Four models: plain, weight and default dual merges' test excess (average; simplex)."""
+def suffix(epochs: float | None) -> str:
+    """The label's ending of a run with `--epochs` given (none for the default recipe's length)."""
+    return "" if epochs is None else f"-epochs{epochs:g}"
+
+
+def many(family: str, runs: str, data_root: str, work: Path, commands: list[str],
+         epochs: float | None = None) -> list[str]:
+    """Four models: plain, weight and default dual merges' test excess (average; simplex); `epochs`: the dual
+    merge's `--epochs` (its outputs labelled with it; the plain and weight rows are shared)."""
     name, _, data_file = FAMILIES[family]
     models = [folder for folder, _ in pairs.commands(name, SEEDS, runs, data_root)]
     data = f"{data_root}/{data_file}"
     test = [*default_dual.test_args(family == "vit"), "--points", "5", "--simplex-points", "8", "--seed", "0"]
-    rows = {}
-    for method in ("weight", "dual"):
-        out, aligned, rep = work / f"{family}-many-{method}", work / f"{family}-many-{method}-aligned", \
-            work / f"{family}-many-{method}.json"
-        flags = ["--data", data] if method == "dual" else []
+    rows, dual = {}, f"dual{suffix(epochs)}"
+    for method, label in (("weight", "weight"), ("dual", dual)):
+        out, aligned, rep = work / f"{family}-many-{label}", work / f"{family}-many-{label}-aligned", \
+            work / f"{family}-many-{label}.json"
+        flags = ["--data", data, *default_dual.epochs_flags(epochs)] if method == "dual" else []
         default_dual.symmerge(["merge", *models, "-o", str(out), "--aligned", str(aligned), "--method", method,
-                               *flags, "--json", str(rep)], rep, commands)
-        rows[method] = [str(aligned / str(i + 1)) for i in range(len(models))]
+                               *flags, "--json", str(rep)], rep, commands, learns=out if method == "dual" else None)
+        rows[label] = [str(aligned / str(i + 1)) for i in range(len(models))]
     rows["plain"] = models
     got = {}
     for label, paths in rows.items():
@@ -75,33 +85,36 @@ def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]
         ratio = f" ({b['average_excess'] / plain:.3f})" if label != "plain" else ""
         return f"{b['average_excess']:.4f} / {b['simplex_barrier']:.4f}{ratio}"
 
-    r = _read(work / f"{family}-many-dual.json")
+    r = _read(work / f"{family}-many-{dual}.json")
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [f"4 {family} ({name}, seeds 0-3)", cell("plain"), cell("weight"), cell("dual"),
+    return [f"4 {family} ({name}, seeds 0-3){suffix(epochs)}", cell("plain"), cell("weight"), cell(dual),
             *default_dual.learning_columns(r, r["settings"]["lr"], r["objective_before"], best["objective"])]
 
 
-def width(family: str, runs: str, data_root: str, work: Path, commands: list[str]) -> list[str]:
-    """The width pair: the bare expansion's, weight matching's and the default dual's test barrier."""
+def width(family: str, runs: str, data_root: str, work: Path, commands: list[str],
+          epochs: float | None = None) -> list[str]:
+    """The width pair: the bare expansion's, weight matching's and the default dual's test barrier; `epochs`:
+    the dual run's `--epochs` (as in `many`)."""
     name, wide, data_file = FAMILIES[family]
     (narrow, _), = pairs.commands(name, (0,), runs, data_root)
     (big, _), = pairs.commands(wide, (1,), runs, data_root)
     data = f"{data_root}/{data_file}"
-    bare, weight, dual = work / f"{family}-width-bare", work / f"{family}-width-weight", work / f"{family}-width-dual"
-    rep = work / f"{family}-width-dual.json"
+    label = f"dual{suffix(epochs)}"
+    bare, weight, dual = work / f"{family}-width-bare", work / f"{family}-width-weight", work / f"{family}-width-{label}"
+    rep = work / f"{family}-width-{label}.json"
     default_dual.symmerge(["expand", narrow, "--like", big, "-o", str(bare)], bare, commands)
     default_dual.symmerge(["align", narrow, big, "-o", str(weight), "--method", "weight"], weight, commands)
     default_dual.symmerge(["align", narrow, big, "-o", str(dual), "--method", "dual", "--data", data,
-                           "--json", str(rep)], rep, commands)
+                           *default_dual.epochs_flags(epochs), "--json", str(rep)], rep, commands, learns=dual)
     got = {}
-    for label, (x, y) in {"bare": (bare, big), "weight": (bare, weight), "dual": (dual / "A", dual / "B")}.items():
-        js = work / f"{family}-width-{label}-barrier.json"
+    for at, (x, y) in {"bare": (bare, big), "weight": (bare, weight), label: (dual / "A", dual / "B")}.items():
+        js = work / f"{family}-width-{at}-barrier.json"
         default_dual.symmerge(["barrier", str(x), str(y), "--data", data, *default_dual.test_args(family == "vit"),
                                "--points", "11", "--json", str(js)], js, commands)
-        got[label] = _read(js)["barrier"]
+        got["dual" if at == label else at] = _read(js)["barrier"]
     r = _read(rep)
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [f"{family}: seed 0 into {wide} seed 1", f"{got['bare']:.4f}",
+    return [f"{family}: seed 0 into {wide} seed 1{suffix(epochs)}", f"{got['bare']:.4f}",
             f"{got['weight']:.4f} ({got['weight'] / got['bare']:.3f})", f"{got['dual']:.4f} ({got['dual'] / got['bare']:.3f})",
             *default_dual.learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
@@ -114,14 +127,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="+", choices=list(FAMILIES))
     ap.add_argument("--part", choices=[*PARTS, "both"], default="both")
+    ap.add_argument("--epochs", type=float, default=None, help="the dual runs' --epochs instead of the default "
+                    "recipe's (records FAMILY-PART-epochsE)")
     args, work = default_dual.parse(ap, "default_many", "runs/default-many")
     for family in args.families:
         for part in PARTS if args.part == "both" else (args.part,):
             measure, columns, what = PARTS[part]
             commands: list[str] = []
-            row = measure(family, args.runs, args.data_root, work, commands)
+            row = measure(family, args.runs, args.data_root, work, commands, args.epochs)
             print(row, flush=True)
-            record.save(args.results, "default_many", f"{family}-{part}", f"{family}: {what}",
+            given = "" if args.epochs is None else f" with --epochs {args.epochs:g}"
+            record.save(args.results, "default_many", f"{family}-{part}{suffix(args.epochs)}", f"{family}: {what}{given}",
                         [record.table(f"{family}, {part}", columns, [row])], commands=[record.command(), *commands],
                         notes="test-loss barriers in nats per character (ViT: per image); ratios against the "
                               "first column; validation figures from the dual run's report")

@@ -162,3 +162,28 @@ def test_the_rotary_studys_per_family_rates_step_each_tensor_at_its_factor():
     # Adam's first step moves each tensor by its rate: 0, 0.1, 0.3; the scheduled rate itself is left as it was
     assert torch.allclose(a, torch.ones(2)) and torch.allclose(b, torch.full((2,), 0.9))
     assert torch.allclose(c, torch.full((2,), 0.7)) and [g["lr"] for g in opt.param_groups] == [0.1] * 3
+
+
+def test_an_interrupted_dual_run_of_a_benchmark_is_resumed_not_refused(tmp_path, monkeypatch):
+    import default_dual
+
+    calls = []
+    monkeypatch.setattr(default_dual.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    out, commands = tmp_path / "pair", []
+    default_dual.symmerge(["align", "a", "b", "-o", str(out)], tmp_path / "pair.json", commands, learns=out)
+    (tmp_path / "pair.learn-state").mkdir()  # what a run stopped between its checkpoints leaves
+    default_dual.symmerge(["align", "a", "b", "-o", str(out)], tmp_path / "pair.json", commands, learns=out)
+    # a fresh run does not resume (negative control); the interrupted one does, and is recorded as the fresh one
+    assert "--resume" not in calls[0] and calls[1][-1] == "--resume"
+    assert commands[0] == commands[1] and "--resume" not in commands[1]
+    (tmp_path / "pair.json").write_text("{}")
+    default_dual.symmerge(["align", "a", "b", "-o", str(out)], tmp_path / "pair.json", commands, learns=out)
+    assert len(calls) == 2  # a finished step is read, not run again
+
+
+def test_the_many_model_benchmark_labels_runs_of_other_lengths_apart():
+    import default_dual
+    import default_many
+
+    assert default_many.suffix(None) == "" and default_dual.epochs_flags(None) == []
+    assert default_many.suffix(8.0) == "-epochs8" and default_dual.epochs_flags(8.0) == ["--epochs", "8"]
