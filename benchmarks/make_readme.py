@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pairs
 import rebuild_times
 from record import NOT_RECORDED
 
@@ -94,9 +95,9 @@ def section(result: dict) -> list[str]:
     out = [f"## {result.get('title', result['benchmark'])}", "", _wrap(f"Script: `{result['script']}`. {result['measures']}"), ""]
     inputs = result.get("inputs") or []
     if result["benchmark"] == "pairs":
-        out += [_wrap("Inputs: the data beside the checkout, `../shared/data` (`tinyshakespeare.txt`, GPT-2's "
-                      "`encoder.json` and `vocab.bpe`, `mnist/mnist.pkl.gz`; the `unseen` set: `wikitext2-test.txt`, "
-                      "`fashion-mnist/`)."), ""]
+        files = ", ".join(f"`{f}`" for f in pairs.data_files())
+        out += [_wrap(f"Inputs: the data beside the checkout, `../shared/data` ({files}; GPT-2's `encoder.json` and "
+                      "`vocab.bpe` for the `gpt2-bpe-*` models)."), ""]
     elif inputs:
         train = result.get("pairs_command") or "python benchmarks/pairs.py " + " ".join(i.split(" ")[0] for i in inputs)
         out += [_wrap(f"Inputs: {', '.join(f'`{i}`' for i in inputs)}, trained by `{train}`."), ""]

@@ -114,6 +114,12 @@ def data_of(name: str, data: str = "../shared/data") -> str:
     return argv[argv.index("--data") + 1]
 
 
+def data_files(data: str = "../shared/data") -> list[str]:
+    """Every `--data` some pair trains on, relative to `data`, sorted (GPT-2's BPE files, which `--gpt2-bpe` finds
+    in `data` itself, aside)."""
+    return sorted({data_of(name, data)[len(data) + 1:] for name in PAIRS})
+
+
 def is_vision(name: str) -> bool:
     """Whether `name` is an image classifier (its barriers are per image, its test split the image test set)."""
     return "--arch vit" in PAIRS[name][1]
