@@ -4,6 +4,8 @@ average with the stock A (what mergekit `linear` does) is `symmerge interpolate 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers as T
@@ -140,12 +142,24 @@ def test_out_dtype(tmp_path, command, dtype):
     assert float((got - other).abs().max()) / max(1.0, float(want.abs().max())) > 100 * eps
 
 
+def _stored(folder) -> set[str]:
+    """The tensor names in a checkpoint folder's safetensors files."""
+    from safetensors import safe_open
+
+    names = set()
+    for f in Path(folder).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            names.update(h.keys())
+    return names
+
+
 def test_tied_llama_stays_tied(tmp_path):
     """A tied Llama transformed by permutations (no residual rotation) is written tied (head = embedding,
-    final norm weight permuted); with a residual rotation it cannot be, and is written untied. Both
-    against the stock forward."""
+    final norm weight permuted), storing the tensors stock `save_pretrained` stores (no head); with a residual
+    rotation it cannot be, and is written untied, head stored. Both against the stock forward."""
     src = tmp_path / "src"
     make_model("llama", seed=0).save_pretrained(src)  # the factory's Llama is tied
+    assert "lm_head.weight" not in _stored(src)
     x = example_inputs("llama")
     want = logits(_stock(src, "llama"), x)
     for groups, tied in (("residual_perm,ffn_perm,head_perm", True), ("residual_rotation", False)):
@@ -155,12 +169,15 @@ def test_tied_llama_stays_tied(tmp_path):
         assert model.config.tie_word_embeddings is tied
         assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight) is tied
         assert_close(logits(model, x), want)
+        # the tied output stores the source's tensors; the untied one the head besides (negative control)
+        assert _stored(out) == (_stored(src) if tied else _stored(src) | {"lm_head.weight"})
     # negative control: the rotated model written tied after all (its head read as its embedding)
     model.lm_head.weight = model.model.embed_tokens.weight
     assert_far(logits(model, x), want)
     m = load_model(src)  # A's own parameters through save_model (in-memory export): tied as well
     save_model(m, m.params, tmp_path / "again")
     assert _stock(tmp_path / "again", "llama").config.tie_word_embeddings is True
+    assert _stored(tmp_path / "again") == _stored(src)
 
 
 def test_norms_without_parameters_have_no_gauge(model_dirs):

@@ -81,8 +81,6 @@ class Adapter:
     renames: tuple[tuple[str, str], ...] = ()
     #: the modules activation matching hooks (None: the architecture has no activation matching)
     hooks: HookPoints | None = None
-    #: the head's HF tensor that a checkpoint with tied embeddings may leave out (None: no tied head)
-    tied_head: str | None = None
     #: (pattern, replacement) pairs giving the names stock `save_pretrained` writes, where they differ from
     #: the class's own (other tools, e.g. mergekit, look tensors up by the saved names)
     save_renames: tuple[tuple[str, str], ...] = ()

@@ -32,7 +32,6 @@ class GPT2Adapter(Adapter):
     hooks = HookPoints(norms=("transformer.h.{i}.ln_1", "transformer.h.{i}.ln_2"), attn_norm="transformer.h.{i}.ln_1",
                        final_norm="transformer.ln_f", ffn_hidden="transformer.h.{i}.mlp.c_proj",
                        block="transformer.h.{i}", attention="transformer.h.{i}.attn")
-    tied_head = "lm_head.weight"
     function_keys = ("scale_attn_by_inverse_layer_idx",)
 
     def score_scale(self, config, s) -> float:

@@ -37,7 +37,6 @@ class GPTNeoXAdapter(Adapter):
                        ffn_hidden="gpt_neox.layers.{i}.mlp.dense_4h_to_h",
                        block="gpt_neox.layers.{i}",
                        attention="gpt_neox.layers.{i}.attention")
-    tied_head = "lm_head.weight"
     save_renames = ((r"^lm_head\.", "embed_out."),)
 
     def shape(self, c) -> ModelShape:

@@ -137,7 +137,6 @@ class LlamaAdapter(Adapter):
     name = "llama"
     hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
     hooks = DECODER_HOOKS
-    tied_head = "lm_head.weight"
     function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 
     def shape(self, c) -> ModelShape:

@@ -18,7 +18,6 @@ class OlmoAdapter(Adapter):
     name = "olmo"
     hf_classes = ("OlmoForCausalLM",)
     hooks = DECODER_HOOKS
-    tied_head = "lm_head.weight"
 
     def shape(self, c) -> ModelShape:
         return _decoder_shape(self, c, "OlmoForCausalLM", "layernorm", eps_in_config=False)

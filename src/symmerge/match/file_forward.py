@@ -19,7 +19,6 @@ reads block parameters outside the blocks (none of the supported ones), or witho
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.func import functional_call
 
 from ..adapters import adapter_for
@@ -27,6 +26,7 @@ from ..adapters.stored import StoredNames
 from ..errors import SymmergeError
 from ..evaluation.forward import model_inputs
 from ..store.io import Checkpoint
+from ..store.model import tied_copies
 from .blockwise import StandIn, weightless
 
 Params = dict[str, torch.Tensor]
@@ -60,7 +60,7 @@ class FileForward:
             parent, _, idx = name.rpartition(".")
             self.hf.get_submodule(parent).register_module(idx, _FileBlock(self.hf.get_submodule(name), name + ".", self))
         self.end_keys = [k for k, _ in self.hf.named_parameters()]
-        self.tied = _tied_head(self.hf, config)
+        self.tied = tied_copies(config, shape.hf_class)  # a head the files may leave out -> the tensor it shares
 
     def read(self, keys: list[str]) -> Params:
         """The stock tensors `keys` from the files, in `dtype`; then the files are closed."""
@@ -78,16 +78,3 @@ class FileForward:
         source = {k: (self.tied[k] if k in self.tied and k not in self.names else k) for k in self.end_keys}
         read = self.read(sorted(set(source.values())))
         return functional_call(self.hf, {k: read[s] for k, s in source.items()}, args=(), kwargs=inputs).logits
-
-
-def _tied_head(hf: nn.Module, config) -> dict[str, str]:
-    """{head weight: input embedding weight} where the config ties them (the stock model then reads the head
-    from the embedding when the files leave it out), else {}."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if not getattr(text, "tie_word_embeddings", False):
-        return {}
-    head, embed = hf.get_output_embeddings(), hf.get_input_embeddings()
-    if head is None or embed is None:
-        return {}
-    names = {id(m): n for n, m in hf.named_modules()}
-    return {names[id(head)] + ".weight": names[id(embed)] + ".weight"}

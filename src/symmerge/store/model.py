@@ -86,26 +86,41 @@ def runs_in(config, dtype: torch.dtype):
 
 
 def expected_tensors(config, class_name: str) -> dict[str, tuple[int, ...]]:
-    """Parameter names and shapes of the stock HF model for this config (built on the meta device)."""
-    return dict(_expected_tensors(config.to_json_string(), class_name))
+    """Names and shapes of the tensors a stock checkpoint of this config stores: the HF model's state dict
+    (built on the meta device) less the names that share another's tensor (a tied head: `tied_copies`)."""
+    tensors, _ = _stored_tensors(config.to_json_string(), class_name)
+    return dict(tensors)
+
+
+def tied_copies(config, class_name: str) -> dict[str, str]:
+    """{name: the name it shares its tensor with} for the state dict entries a stock checkpoint leaves out, as
+    `save_pretrained` does (a tied head: {"lm_head.weight": "model.embed_tokens.weight"}); {} where nothing is tied."""
+    _, ties = _stored_tensors(config.to_json_string(), class_name)
+    return dict(ties)
 
 
 @functools.lru_cache(maxsize=32)
-def _expected_tensors(config_json: str, class_name: str) -> tuple:
+def _stored_tensors(config_json: str, class_name: str) -> tuple[tuple, tuple]:
     config = hf_class(class_name).config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
         model = hf_class(class_name)(config)
-    return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
+    first: dict[int, str] = {}  # the first name of each tensor object (the embedding before a head tied to it)
+    kept, ties = [], []
+    for k, v in model.state_dict(keep_vars=True).items():
+        if id(v) in first:
+            ties.append((k, first[id(v)]))
+        else:
+            first[id(v)] = k
+            kept.append((k, tuple(v.shape)))
+    return tuple(kept), tuple(ties)
 
 
-def _check_tensors(ckpt: Checkpoint, adapter: Adapter, shape: ModelShape, names: StoredNames) -> None:
+def _check_tensors(ckpt: Checkpoint, shape: ModelShape, names: StoredNames) -> None:
     """Every tensor the HF class needs is present with the shape the config implies."""
     expected = expected_tensors(ckpt.config, shape.hf_class)
     shapes = names.shapes()
     for name, want in expected.items():
         if name not in names:
-            if name == adapter.tied_head and shape.tied:
-                continue
             raise SymmergeError(f"{ckpt.path}: tensor {name} is missing; the checkpoint does not match its config.json")
         got = shapes[name]
         if got != want:
@@ -130,7 +145,7 @@ class LazyModel(ModelParts):
         self.dtype = self.ckpt.dtype()  # the storage dtype (what outputs are written in)
         self.compute_dtype = dtype
         self._names = StoredNames(self.adapter, self.ckpt)
-        _check_tensors(self.ckpt, self.adapter, self.shape, self._names)
+        _check_tensors(self.ckpt, self.shape, self._names)
         self.meta = json.loads((self.path / "symmerge.json").read_text()) if (self.path / "symmerge.json").is_file() else {}
 
     def at_dtype(self, dtype: torch.dtype) -> LazyModel:
@@ -199,12 +214,18 @@ def export_state_dict(model: Model, params: dict[str, torch.Tensor] | None = Non
 
 
 def keep_expected(sd: dict[str, torch.Tensor], config, class_name: str, partial: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors the HF class holds; a dropped one must be zero (an absent bias).
+    """The tensors a stock checkpoint of the HF class stores (`expected_tensors`); a dropped one must be zero (an
+    absent bias) or, tied to a kept one (`tied_copies`), equal to it.
 
     With `partial`, `sd` is one part of the model (a block) and missing tensors are not an error."""
-    expected = expected_tensors(config, class_name)
+    expected, ties = expected_tensors(config, class_name), tied_copies(config, class_name)
     for k, v in sd.items():
-        if k not in expected and bool(v.detach().ne(0).any()):
+        if k in expected:
+            continue
+        if k in ties and ties[k] in sd:
+            if not torch.equal(v, sd[ties[k]]):
+                raise SymmergeError(f"internal: {class_name} ties {k} to {ties[k]}, but the export gives them different values")
+        elif bool(v.detach().ne(0).any()):
             raise SymmergeError(f"internal: {class_name} has no {k}, but the export needs it non-zero")
     missing = [k for k in expected if k not in sd]
     if missing and not partial:
