@@ -16,7 +16,8 @@ import torch
 from factories import logits
 
 #: `config.model_type`s whose stock forward normalises in float32
-NORM_IN_FP32 = {"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "mixtral", "phi3", "olmoe", "qwen3_moe", "gemma2", "gemma3_text"}
+NORM_IN_FP32 = {"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "mixtral", "phi3", "olmoe", "qwen3_moe", "gemma", "gemma2",
+                "gemma3_text"}
 
 
 def precision(model) -> torch.dtype:

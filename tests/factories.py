@@ -76,6 +76,11 @@ def _configs() -> dict:
                                                     max_position_embeddings=32, rms_norm_eps=1e-2,
                                                     tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
                                                     pad_token_id=None),
+        # Gemma (1): Llama's blocks with (1 + w) norm weights, GeGLU, sqrt(d) embedding scale, tied, GQA, head_dim
+        # apart from hidden_size / num_heads
+        "gemma": lambda: T.GemmaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=12, intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                       rms_norm_eps=1e-2, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Gemma 2: norms before and after each sublayer ((1 + w) weights), GeGLU, sqrt(d) embedding scale, tied,
         # soft-capped scores and logits, query_pre_attn_scalar apart from head_dim, alternating sliding windows of 5
         "gemma2": lambda: T.Gemma2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -111,7 +116,7 @@ def make_config(arch: str):
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
-                             "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                             "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config

@@ -1,4 +1,4 @@
-"""Gemma 2 and 3: what only Gemma has, against the stock forward. The post-norms' reduced residual group is checked
+"""Gemma 1, 2 and 3: what only Gemma has, against the stock forward. The post-norms' reduced residual group is checked
 in tests/test_post_norm.py, Gemma 3's QK-norm in tests/test_qk_norm.py, every family in tests/test_symmetry.py.
 
 Norm weights are stored as w for a factor 1 + w: read as w, the canonical form would compute another function.
@@ -43,9 +43,29 @@ def test_inspect_states_the_group(gemma, capsys):
     assert "signed_permutation" in out and "post-norm" in out
 
 
+@pytest.fixture(scope="module")
+def gemma1(tmp_path_factory):
+    return (*loaded_with_logits("gemma", tmp_path_factory.mktemp("gemma") / "m"), "gemma")
+
+
+def test_gemma1_has_llamas_group(gemma1):
+    """Gemma 1 has no post-norms: the full orthogonal map and a scale on the stream, QK maps per rotary pair."""
+    model, _, _ = gemma1
+    assert model.spec.groups["residual.rotation"].constraints == () and "residual.scale" in model.spec.groups
+    assert not model.shape.post_norm and not model.shape.qk_norm
+    assert "rope" in model.spec.groups["blocks.0.qk"].constraints
+
+
 def test_norm_weights_are_one_plus_w(gemma):
+    _read_as_one_plus_w(*gemma)
+
+
+def test_gemma1_norm_weights_are_one_plus_w(gemma1):
+    _read_as_one_plus_w(*gemma1)
+
+
+def _read_as_one_plus_w(model, ref, arch):
     """Read with the factor w instead of 1 + w, the canonical form computes another function."""
-    model, ref, arch = gemma
     assert_same_function(stock_logits(model, model.params, example_inputs(arch)), ref, dtype=F32, what="canonical form")
     adapter = type(model.adapter)()
     adapter.norm_offset = 0.0

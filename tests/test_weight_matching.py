@@ -144,7 +144,7 @@ def _cli(*argv) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2", "phi3", "gemma2", "gemma3") if a in SUPPORTED])
+@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2", "phi3", "gemma", "gemma2", "gemma3") if a in SUPPORTED])
 def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert _cli("transform", a, "-o", tmp_path / "b", "--seed", 4) == 0

@@ -6,6 +6,7 @@ from ..errors import SymmergeError
 from .base import Adapter
 from .experts import MixtralAdapter, OlmoeAdapter, Qwen3MoeAdapter
 from .gemma import GemmaAdapter
+from .gemma1 import Gemma1Adapter
 from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
@@ -16,8 +17,8 @@ from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GemmaAdapter(), GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), OlmoeAdapter(),
-           Phi3Adapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
+for _a in (GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(),
+           Olmo2Adapter(), OlmoeAdapter(), Phi3Adapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 
@@ -27,7 +28,6 @@ BROKEN = {
     "(its group would be OLMo-2's: signed permutations of the stream, a sign per rotary pair for the QK maps)",
     "BertForMaskedLM": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
     "BertModel": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
-    "GemmaForCausalLM": "Gemma (1) is not supported yet (Gemma 2 and 3 are: Gemma2ForCausalLM, Gemma3ForCausalLM)",
 }
 
 

@@ -142,6 +142,11 @@ class Adapter:
         """The factor the stock attention multiplies `q . k` by (1/sqrt(d_head) unless the class says otherwise)."""
         return s.d_head ** -0.5
 
+    def embed_scale(self, config, s: ModelShape) -> float:
+        """The factor the stock model multiplies a token's embedding by before the first block (1 unless the class
+        says otherwise): a constant of the config, outside the canonical tensors, that `expand` compensates."""
+        return 1.0
+
     # --- shared ---
     def rotary_frequencies(self, config, s: ModelShape) -> tuple[torch.Tensor, float] | None:
         """(inverse frequencies [rotary_dims/2], cos/sin scaling) exactly as the stock forward computes them

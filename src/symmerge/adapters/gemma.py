@@ -9,13 +9,14 @@ with global ones; Gemma 3 rotates its sliding layers with another RoPE base (the
 and adds QK-norm per head before RoPE (Qwen3's: a sign per rotary pair). The final logits are soft-capped too.
 
 Canonical tensors: the pre-norms' `1 + w` fold into their readers (q, k, v; gate, up) and the final norm's into
-the head, as for Llama; the post-norms' `1 + w` are `attn.g_post` and `mlp.g_post` (`[d_model]`, as OLMo-2's)
-and the QK-norm's `attn.g_Q`, `attn.g_K` (`[d_head]`); the export writes `w = γ - 1` (`norm_offset`). The group
+the head, as for Gemma 1 (`gemma1.py`, whose adapter this one extends); the post-norms' `1 + w` are `attn.g_post`
+and `mlp.g_post` (`[d_model]`, as OLMo-2's) and the QK-norm's `attn.g_Q`, `attn.g_K` (`[d_head]`); the export
+writes `w = γ - 1` (`norm_offset`). The group
 (`spec.py`, `ModelShape.post_norm`): a norm on each sublayer's output restricts the residual map to what commutes
 with it, `O diag(γ) = diag(γ') O'`, the signed permutations for generic γ, the post-norm weights permuted along
 and not signed; no residual scale (the eps is shared by the post-norms, whose inputs the scale does not reach).
 Heads, FFN units, GLU scales, OV maps as Llama's; QK maps scaled rotations per rotary pair (Gemma 2) or their
-signs (Gemma 3). Embeddings are tied in the checkpoints: the export unties the head, as for every family.
+signs (Gemma 3). Embeddings are tied in the checkpoints, the head written as Gemma 1's is.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import dataclasses
 import torch
 
 from ..algebra.shape import ModelShape
-from .base import HookPoints, final_norm_to_canonical
+from .base import HookPoints
+from .gemma1 import Gemma1Adapter
 from .llama import (
-    LlamaAdapter,
     decoder_attention_from_canonical,
     decoder_attention_to_canonical,
     decoder_mlp_from_canonical,
@@ -40,7 +41,7 @@ from .llama import (
 NORMS = (("attn", "input_layernorm", "post_attention_layernorm"), ("mlp", "pre_feedforward_layernorm", "post_feedforward_layernorm"))
 
 
-class GemmaAdapter(LlamaAdapter):
+class GemmaAdapter(Gemma1Adapter):
     name = "gemma"
     hf_classes = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
     hooks = HookPoints(norms=("model.layers.{i}.input_layernorm", "model.layers.{i}.pre_feedforward_layernorm"),
@@ -49,15 +50,9 @@ class GemmaAdapter(LlamaAdapter):
                        attention="model.layers.{i}.self_attn")
     function_keys = ("sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
                      "final_logit_softcapping", "use_bidirectional_attention", "rope_parameters")
-    #: the stock norms multiply by 1 + w: canonical γ = w + 1, exported w = γ - 1 (unit weight: w = 0)
-    norm_offset = 1.0
-
     def shape(self, c) -> ModelShape:
         s = super().shape(c)
         return dataclasses.replace(s, post_norm=True, qk_norm="head" if s.hf_class == "Gemma3ForCausalLM" else "")
-
-    def _gamma(self, get, name: str) -> torch.Tensor:
-        return self.norm_offset + get(f"{name}.weight")
 
     def attention_to_canonical(self, get, s, i):
         hf, (part, pre, post) = f"model.layers.{i}", NORMS[0]
@@ -68,11 +63,6 @@ class GemmaAdapter(LlamaAdapter):
         hf, (part, pre, post) = f"model.layers.{i}", NORMS[1]
         return {**decoder_mlp_to_canonical(get, s, i, (self._gamma(get, f"{hf}.{pre}"), None)),
                 f"blocks.{i}.{part}.g_post": self._gamma(get, f"{hf}.{post}")}
-
-    def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
-        return final_norm_to_canonical(w_u, None, self._gamma(get, "model.norm"), None, s.eps)
 
     def _norms(self, params, i: int, k: int) -> dict[str, torch.Tensor]:
         """Block i's k-th pair of stock norm weights: the pre-norm at unit weight (w = 0), the post-norm's γ - 1."""
@@ -86,10 +76,6 @@ class GemmaAdapter(LlamaAdapter):
 
     def mlp_from_canonical(self, params, s, i):
         return {**decoder_mlp_from_canonical(params, i), **self._norms(params, i, 1)}
-
-    def ends_from_canonical(self, params, s):
-        return {"model.embed_tokens.weight": params["embed.W_E"], "lm_head.weight": params["head.W_U"],
-                "model.norm.weight": torch.zeros(s.d_model, dtype=torch.float64)}
 
     def rotary_frequencies(self, config, s):
         """Gemma 3 rotates its sliding and global layers with two RoPE bases on the same pairs: the global layers'

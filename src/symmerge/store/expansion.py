@@ -25,6 +25,9 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
   scaled alike. A wider head would change the mean the norm takes and the
   score scale behind it: refused; so are more heads under a QK-norm over the whole projection (OLMoE). Post-norm
   models (OLMo-2) expand only their FFN width.
+- a token embedding the stock model scales by a constant of the config (Gemma's `sqrt(d_model)`,
+  `Adapter.embed_scale`) is multiplied by the narrow constant over the wide one, so the first block reads what the
+  narrow model's does.
 - mixtures of experts: the router is a reader (its logits unchanged), each expert's units are FFN slots (zero
   padded inside every expert), its down projection a writer. The number of experts stays: a new expert's
   router row gives it a finite logit, hence weight in the softmax and a chance in the top k.
@@ -57,6 +60,8 @@ SAME = {"arch": "architectures", "hf_class": "classes", "n_layers": "layer count
         "activation": "activations", "clip_qkv": "clip_qkv", "n_positions": "position counts",
         "eps_in_config": "eps handling", "qk_norm": "QK-norms", "experts_per_token": "experts per token",
         "dense_layers": "dense layers of a mixture of experts"}
+#: the canonical token embedding, which a class may scale by a constant of its config (`Adapter.embed_scale`)
+TOKEN_EMBEDDING = "embed.W_E"
 #: widths that may only grow from NARROW to WIDE
 WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp", "d_mlp_dense")
 
@@ -73,6 +78,7 @@ class Expansion:
     score_scale: float  # score_narrow / score_wide, on the query side of every head
     head_dims: torch.Tensor  # [d_head narrow]: where each query/key dimension lands in the wide head
     qk_scale: float = 1.0  # sqrt(eps_D / eps_d): q and k under QK-norm (the norm's input scales with its eps)
+    embed_scale: float = 1.0  # embed_narrow / embed_wide (`Adapter.embed_scale`), on the token embedding
 
 
 # --- the plan: checks and the maps -----------------------------------------------------------------
@@ -174,7 +180,8 @@ def plan(adapter, narrow_config, wide_config) -> Expansion:
                             f"{w.d_head}) changes their norms; keep d_head")
     return Expansion(n, w, residual_embedding(n.d_model, w.d_model, n.centred),
                      math.sqrt(w.eps * w.d_model / (n.d_model * n.eps)), math.sqrt(n.d_model / w.d_model),
-                     score, head_dims(adapter, narrow_config, wide_config, n, w), math.sqrt(w.eps / n.eps))
+                     score, head_dims(adapter, narrow_config, wide_config, n, w), math.sqrt(w.eps / n.eps),
+                     adapter.embed_scale(narrow_config, n) / adapter.embed_scale(wide_config, w))
 
 
 # --- applying it: pure, tensor by tensor ------------------------------------------------------------
@@ -224,7 +231,7 @@ def expand_params(e: Expansion, wide_spec: Spec, params: Params) -> Params:
             elif a.axis not in done:
                 t = _axis_map(e, wide_spec, name, t, a.axis, group.family, a.how, group.size)
                 done.add(a.axis)
-        out[name] = t
+        out[name] = t * e.embed_scale if name == TOKEN_EMBEDDING else t
     return out
 
 
