@@ -204,7 +204,7 @@ FIGURES |= doc_figures.FIGURES
 #: README text holding numbers that are not measured results, by reason (each text found once)
 _NOT = {
     "a definition": ("A loss barrier of 0.000 means",),
-    "a name": ("Apache License 2.0",),
+    "a name": ("Apache License 2.0", "(Phi-1, 1.5, 2)"),
 }
 NOT_FIGURES = not_figures(_NOT) + (
     NotFigure(r"25% rotary", "a configuration (NeoX's rotary fraction)", many=True),

@@ -76,6 +76,11 @@ def _configs() -> dict:
                                                     max_position_embeddings=32, rms_norm_eps=1e-2,
                                                     tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
                                                     pad_token_id=None),
+        # Phi-1/1.5/2: one LayerNorm read by attention and MLP in parallel, partial RoPE (a third of each head), q, k, v,
+        # dense, fc1, fc2 and head biases, GQA
+        "phi": lambda: T.PhiConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=40, vocab_size=61, max_position_embeddings=32, partial_rotary_factor=0.34,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Gemma (1): Llama's blocks with (1 + w) norm weights, GeGLU, sqrt(d) embedding scale, tied, GQA, head_dim
         # apart from hidden_size / num_heads
         "gemma": lambda: T.GemmaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -115,7 +120,7 @@ def make_config(arch: str):
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
-                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
+                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]

@@ -15,7 +15,7 @@ from symmerge.cli import main
 from symmerge.store.gauge import MERGEKIT_FILE
 from symmerge.store.model import load_model, reference_gauge, save_model
 
-ARCHS = ["gpt2", "llama", "llama_untied", "qwen3", "olmo2", "gemma2", "gpt_neox", "gpt_neox_seq", "vit"]
+ARCHS = ["gpt2", "llama", "llama_untied", "qwen3", "olmo2", "gemma2", "gpt_neox", "gpt_neox_seq", "phi", "vit"]
 
 
 def _stock(path, arch, dtype=torch.float64):

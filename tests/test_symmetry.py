@@ -173,7 +173,10 @@ def test_layernorm_rotation_must_fix_ones(arch, loaded, references):
     assert _changed(model, model.spec, g, arch, references) > 100
 
 
-@pytest.mark.parametrize("arch", ["gpt_neox", "gpt_neox_seq", "llama", "mistral", "qwen2", "qwen3", "olmo", "phi3", "gemma", "gemma2"])
+ROTARY = ["gpt_neox", "gpt_neox_seq", "llama", "mistral", "qwen2", "qwen3", "olmo", "phi", "phi3", "gemma", "gemma2"]
+
+
+@pytest.mark.parametrize("arch", ROTARY)
 def test_qk_map_must_commute_with_rope(arch, loaded, references):
     model = loaded[arch]
     name = "blocks.0.qk"

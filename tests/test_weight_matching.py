@@ -144,7 +144,10 @@ def _cli(*argv) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2", "phi3", "gemma", "gemma2", "gemma3") if a in SUPPORTED])
+CLI_ARCHS = ("gpt2", "llama", "qwen3", "olmo2", "phi", "phi3", "gemma", "gemma2", "gemma3")
+
+
+@pytest.mark.parametrize("arch", [a for a in CLI_ARCHS if a in SUPPORTED])
 def test_cli_transform_then_align_recovers_a(tmp_path, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")
     assert _cli("transform", a, "-o", tmp_path / "b", "--seed", 4) == 0

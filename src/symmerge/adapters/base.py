@@ -123,19 +123,20 @@ class Adapter:
 
     def norm_names(self, s: ModelShape) -> dict[str, str]:
         """HF prefix of each norm whose weight folds into its readers, by slot: "blocks.i.ln1" (read by
-        attention: `hooks.attn_norm`), "blocks.i.ln2" (read by the MLP: the other of `hooks.norms`), "final"
-        (read by the head), all from `hooks`; empty without hooks, "final" alone without two norms per layer
-        (post-norms, whose weights are canonical tensors of their own). `gauge.Gauge` reads a reference's
-        norms through these names (norms without parameters are skipped there)."""
+        attention: `hooks.attn_norm`), "blocks.i.ln2" (read by the MLP: the other of `hooks.norms`, or the same
+        one where attention and MLP read one norm), "final" (read by the head), all from `hooks`; empty without
+        hooks, "final" alone without norms before the sublayers (post-norms, whose weights are canonical tensors of
+        their own). `gauge.Gauge` reads a reference's norms through these names (norms without parameters are
+        skipped there)."""
         if self.hooks is None:
             return {}
         names = {"final": self.hooks.final_norm}
-        if len(self.hooks.norms) != 2 or self.hooks.reads_inputs:
+        if len(self.hooks.norms) not in (1, 2) or self.hooks.reads_inputs:
             return names
         for i in range(s.n_layers):
             h = self.hooks.layer(i)
             names[f"blocks.{i}.ln1"] = h.attn_norm
-            names[f"blocks.{i}.ln2"] = next(n for n in h.norms if n != h.attn_norm)
+            names[f"blocks.{i}.ln2"] = next((n for n in h.norms if n != h.attn_norm), h.attn_norm)
         return names
 
     def score_scale(self, config, s: ModelShape) -> float:

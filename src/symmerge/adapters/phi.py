@@ -1,0 +1,99 @@
+"""Phi-1, Phi-1.5 and Phi-2 (`PhiForCausalLM`): one LayerNorm read by attention and MLP in parallel, partial RoPE,
+a head with a bias.
+
+A block computes `x + attn(ln(x)) + mlp(ln(x))`: a single LayerNorm per block, whose weight and bias fold into q,
+k, v and into `fc1` alike (canonical `ln1` and `ln2` are the same norm), so the block is GPT-NeoX's parallel one
+with its two norms equal. q, k, v, `dense`, `fc1`, `fc2` and the head carry biases; the final LayerNorm folds into
+the head and its bias (`head.b_U`). RoPE rotates the first `rotary_dims = d_head * partial_rotary_factor`
+dimensions of each head, pairing i with i + rotary_dims/2 (`rotary_layout="half"`). LayerNorm model: writers
+mean-free, the residual rotation fixes the all-ones vector; the group is GPT-NeoX's (a scaled rotation per rotary
+pair for the QK maps, a full block on the rest of the head; key-value groups when `num_key_value_heads` is set).
+The optional QK LayerNorm (`qk_layernorm`) normalises q and k per head over all their dimensions, rotary ones too:
+refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..algebra.canonical import fold_norm
+from ..algebra.shape import ModelShape
+from .base import (
+    Adapter,
+    HookPoints,
+    attention_from_canonical,
+    attention_to_canonical,
+    final_norm_to_canonical,
+    fold_attention,
+    make_mean_free,
+    require,
+    rotary_dims,
+)
+
+
+class PhiAdapter(Adapter):
+    name = "phi"
+    hf_classes = ("PhiForCausalLM",)
+    hooks = HookPoints(norms=("model.layers.{i}.input_layernorm",), attn_norm="model.layers.{i}.input_layernorm",
+                       final_norm="model.final_layernorm", ffn_hidden="model.layers.{i}.mlp.fc2",
+                       block="model.layers.{i}", attention="model.layers.{i}.self_attn")
+
+    def shape(self, c) -> ModelShape:
+        d, h = c.hidden_size, c.num_attention_heads
+        kv = getattr(c, "num_key_value_heads", None) or h
+        require(not getattr(c, "qk_layernorm", False), "qk_layernorm=True normalises q and k over each head's rotary "
+                "and pass-through dimensions together: not supported")
+        require(d % h == 0, f"hidden_size={d} is not divisible by num_attention_heads={h}")
+        require(h % kv == 0, f"num_attention_heads={h} is not a multiple of num_key_value_heads={kv}")
+        dh = d // h
+        return ModelShape(
+            arch=self.name, hf_class="PhiForCausalLM", d_model=d, n_layers=c.num_hidden_layers, n_heads=h, n_kv_heads=kv,
+            d_head=dh, d_mlp=c.intermediate_size, vocab=c.vocab_size, norm="layernorm", gated=False, parallel=True,
+            rotary_dims=rotary_dims(c, dh), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
+            eps=float(c.layer_norm_eps), eps_in_config=True, activation=c.hidden_act,
+        )
+
+    def embed_to_canonical(self, get, s):
+        return make_mean_free({"embed.W_E": get("model.embed_tokens.weight")}, s)
+
+    def block_to_canonical(self, get, s, i):
+        p, hf = f"blocks.{i}", f"model.layers.{i}"
+        a = lambda n: get(f"{hf}.self_attn.{n}.weight")  # noqa: E731
+        ab = lambda n: get(f"{hf}.self_attn.{n}.bias", None)  # noqa: E731
+        ln = (get(f"{hf}.input_layernorm.weight"), get(f"{hf}.input_layernorm.bias"))
+        q, k, v, bq, bk, bv = fold_attention(a("q_proj"), a("k_proj"), a("v_proj"), ab("q_proj"), ab("k_proj"), ab("v_proj"), *ln)
+        out = attention_to_canonical(p, s, q, k, v, a("dense"), bq, bk, bv, ab("dense"))
+        w_in, b_in = fold_norm(get(f"{hf}.mlp.fc1.weight"), get(f"{hf}.mlp.fc1.bias", None), *ln)
+        b_out = get(f"{hf}.mlp.fc2.bias", None)
+        out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_out": get(f"{hf}.mlp.fc2.weight"),
+                    f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out})
+        return make_mean_free(out, s)
+
+    def final_to_canonical(self, get, s):
+        w_u = get("lm_head.weight", None)
+        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
+        ln = (get("model.final_layernorm.weight"), get("model.final_layernorm.bias"))
+        b_u = get("lm_head.bias", None)
+        return final_norm_to_canonical(w_u, torch.zeros(s.vocab, dtype=torch.float64) if b_u is None else b_u, *ln, s.eps)
+
+    def ends_from_canonical(self, params, s):
+        return {"model.embed_tokens.weight": params["embed.W_E"],
+                "model.final_layernorm.weight": torch.ones(s.d_model, dtype=torch.float64),
+                "model.final_layernorm.bias": torch.zeros(s.d_model, dtype=torch.float64),
+                "lm_head.weight": params["head.W_U"], "lm_head.bias": params["head.b_U"]}
+
+    def block_from_canonical(self, params, s, i):
+        p, hf = f"blocks.{i}", f"model.layers.{i}"
+        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+        sd = {f"{hf}.input_layernorm.weight": torch.ones(s.d_model, dtype=torch.float64),
+              f"{hf}.input_layernorm.bias": torch.zeros(s.d_model, dtype=torch.float64)}
+        for n, w, b in (("q_proj", q, bq), ("k_proj", k, bk), ("v_proj", v, bv), ("dense", o, bo)):
+            sd[f"{hf}.self_attn.{n}.weight"], sd[f"{hf}.self_attn.{n}.bias"] = w, b
+        for n, c in (("fc1", "in"), ("fc2", "out")):
+            sd[f"{hf}.mlp.{n}.weight"], sd[f"{hf}.mlp.{n}.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
+        return sd
+
+    def export_config(self, config, s, params):
+        config = super().export_config(config, s, params)
+        config.layer_norm_eps = float(params["norm.eps"])
+        return config
