@@ -255,6 +255,24 @@ def fold_attention(q, k, v, bq, bk, bv, gamma, beta):
     return q, k, v, bq, bk, bv
 
 
+def layernorm_block_to_canonical(get, s: ModelShape, i: int, attn: str, proj: tuple[str, str, str, str], ln1, ln2,
+                                 fc: tuple[str, str]) -> dict[str, torch.Tensor]:
+    """Block i of a LayerNorm model with separate projections (`{attn}.{proj[j]}` for q, k, v, o) and an MLP
+    (`fc`: its in and out layers), `ln1` (weight, bias) folded into q, k, v and `ln2` into the MLP's input layer
+    (the same pair where both read one norm); every absent bias zero; the writers made mean-free."""
+    p = f"blocks.{i}"
+    w = lambda n: get(f"{n}.weight")  # noqa: E731
+    b = lambda n: get(f"{n}.bias", None)  # noqa: E731
+    names = [f"{attn}.{n}" for n in proj]
+    q, k, v, bq, bk, bv = fold_attention(*(w(n) for n in names[:3]), *(b(n) for n in names[:3]), *ln1)
+    out = attention_to_canonical(p, s, q, k, v, w(names[3]), bq, bk, bv, b(names[3]))
+    w_in, b_in = fold_norm(w(fc[0]), b(fc[0]), *ln2)
+    b_out = b(fc[1])
+    out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_out": w(fc[1]),
+                f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out})
+    return make_mean_free(out, s)
+
+
 def make_mean_free(params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:
     """LayerNorm models: drop every writer's component along the all-ones vector (never read)."""
     if not s.centred:

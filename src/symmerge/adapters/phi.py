@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from ..algebra.canonical import fold_norm
 from ..algebra.shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
     attention_from_canonical,
-    attention_to_canonical,
     final_norm_to_canonical,
-    fold_attention,
+    layernorm_block_to_canonical,
     make_mean_free,
     require,
     rotary_dims,
@@ -57,17 +55,10 @@ class PhiAdapter(Adapter):
         return make_mean_free({"embed.W_E": get("model.embed_tokens.weight")}, s)
 
     def block_to_canonical(self, get, s, i):
-        p, hf = f"blocks.{i}", f"model.layers.{i}"
-        a = lambda n: get(f"{hf}.self_attn.{n}.weight")  # noqa: E731
-        ab = lambda n: get(f"{hf}.self_attn.{n}.bias", None)  # noqa: E731
-        ln = (get(f"{hf}.input_layernorm.weight"), get(f"{hf}.input_layernorm.bias"))
-        q, k, v, bq, bk, bv = fold_attention(a("q_proj"), a("k_proj"), a("v_proj"), ab("q_proj"), ab("k_proj"), ab("v_proj"), *ln)
-        out = attention_to_canonical(p, s, q, k, v, a("dense"), bq, bk, bv, ab("dense"))
-        w_in, b_in = fold_norm(get(f"{hf}.mlp.fc1.weight"), get(f"{hf}.mlp.fc1.bias", None), *ln)
-        b_out = get(f"{hf}.mlp.fc2.bias", None)
-        out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_out": get(f"{hf}.mlp.fc2.weight"),
-                    f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out})
-        return make_mean_free(out, s)
+        hf = f"model.layers.{i}"
+        ln = (get(f"{hf}.input_layernorm.weight"), get(f"{hf}.input_layernorm.bias"))  # read by both sublayers
+        return layernorm_block_to_canonical(get, s, i, f"{hf}.self_attn", ("q_proj", "k_proj", "v_proj", "dense"), ln, ln,
+                                            (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def final_to_canonical(self, get, s):
         w_u = get("lm_head.weight", None)

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from ..algebra.canonical import fold_norm
 from ..algebra.shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
     any_attention_bias,
     attention_from_canonical,
-    attention_to_canonical,
     final_norm_to_canonical,
-    fold_attention,
+    layernorm_block_to_canonical,
     make_mean_free,
     require,
 )
@@ -65,17 +63,10 @@ class ViTAdapter(Adapter):
         }, s)
 
     def block_to_canonical(self, get, s, i):
-        p, hf = f"blocks.{i}", f"vit.layers.{i}"
-        a = lambda n: get(f"{hf}.attention.{n}_proj.weight")  # noqa: E731
-        ab = lambda n: get(f"{hf}.attention.{n}_proj.bias", None)  # noqa: E731
-        ln1 = (get(f"{hf}.layernorm_before.weight"), get(f"{hf}.layernorm_before.bias"))
-        q, k, v, bq, bk, bv = fold_attention(a("q"), a("k"), a("v"), ab("q"), ab("k"), ab("v"), *ln1)
-        out = attention_to_canonical(p, s, q, k, v, a("o"), bq, bk, bv, ab("o"))
-        ln2 = (get(f"{hf}.layernorm_after.weight"), get(f"{hf}.layernorm_after.bias"))
-        w_in, b_in = fold_norm(get(f"{hf}.mlp.fc1.weight"), get(f"{hf}.mlp.fc1.bias"), *ln2)
-        out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in,
-                    f"{p}.mlp.W_out": get(f"{hf}.mlp.fc2.weight"), f"{p}.mlp.b_out": get(f"{hf}.mlp.fc2.bias")})
-        return make_mean_free(out, s)
+        hf = f"vit.layers.{i}"
+        ln = lambda n: (get(f"{hf}.{n}.weight"), get(f"{hf}.{n}.bias"))  # noqa: E731
+        return layernorm_block_to_canonical(get, s, i, f"{hf}.attention", ("q_proj", "k_proj", "v_proj", "o_proj"),
+                                            ln("layernorm_before"), ln("layernorm_after"), (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def final_to_canonical(self, get, s):
         return final_norm_to_canonical(get("classifier.weight"), get("classifier.bias"),
