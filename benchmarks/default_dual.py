@@ -79,9 +79,8 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
     barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
     pair, label = pair_label(name, seeds), pair_label(name, seeds, epochs)
     out, rep = work / label, work / f"{label}.json"
-    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *epochs_flags(epochs), "--json",
-              str(rep)], rep,
-             commands, learns=out)
+    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *epochs_flags(epochs),
+              "--json", str(rep)], rep, commands, learns=out)
     for kind, x, y, at in (("dual", out / "A", out / "B", label), ("plain", a, b, pair)):
         symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{at}-{kind}.json")],
                  work / f"{at}-{kind}.json", commands)

@@ -107,11 +107,12 @@ def width(family: str, runs: str, data_root: str, work: Path, commands: list[str
     default_dual.symmerge(["align", narrow, big, "-o", str(dual), "--method", "dual", "--data", data,
                            *default_dual.epochs_flags(epochs), "--json", str(rep)], rep, commands, learns=dual)
     got = {}
-    for at, (x, y) in {"bare": (bare, big), "weight": (bare, weight), label: (dual / "A", dual / "B")}.items():
+    for row, at, (x, y) in (("bare", "bare", (bare, big)), ("weight", "weight", (bare, weight)),
+                            ("dual", label, (dual / "A", dual / "B"))):  # row name, file label, the pair
         js = work / f"{family}-width-{at}-barrier.json"
         default_dual.symmerge(["barrier", str(x), str(y), "--data", data, *default_dual.test_args(family == "vit"),
                                "--points", "11", "--json", str(js)], js, commands)
-        got["dual" if at == label else at] = _read(js)["barrier"]
+        got[row] = _read(js)["barrier"]
     r = _read(rep)
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
     return [f"{family}: seed 0 into {wide} seed 1{suffix(epochs)}", f"{got['bare']:.4f}",

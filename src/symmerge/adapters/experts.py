@@ -55,7 +55,7 @@ class MixtureOfExperts:
         hf = f"model.layers.{i}"
         gate_up = get(f"{hf}.mlp.experts.gate_up_proj")  # [E, 2 d_mlp, d]: gate rows, then up rows
         return moe_to_canonical(i, get(f"{hf}.mlp.gate.weight"), gate_up[:, : s.d_mlp], gate_up[:, s.d_mlp:],
-                                get(f"{hf}.mlp.experts.down_proj"), get(f"{hf}.post_attention_layernorm.weight"))
+                                get(f"{hf}.mlp.experts.down_proj"), self._gamma(get, f"{hf}.post_attention_layernorm"))
 
     def mlp_from_canonical(self, params, s, i):
         if not s.experts_in(i):

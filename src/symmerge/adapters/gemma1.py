@@ -5,19 +5,17 @@ weight `1 + w` (`w` stored, 0 at initialisation; the product in float32), and th
 `sqrt(d_model) · E[token]`, a constant of the class that commutes with every linear map of the stream (`embed.W_E`
 is E as stored). The MLP is GeGLU (`gelu_tanh(gate) * up`), which has the GLU scale of any gated MLP.
 
-Canonical tensors are Llama's: each norm's `γ = 1 + w` (`norm_offset`) folds into its readers (q, k, v; gate, up;
-the head), and the export writes unit norms as `w = 0`. The group is Llama's: the full orthogonal map and a scale
-on the residual stream, heads within their key-value groups, FFN units, GLU scales, OV maps, and QK maps that scale
-and turn each rotary pair. Embeddings are tied in the checkpoints; the export unties the head where the final
-norm's weight, folded into it, makes it differ from the embedding.
+Canonical tensors are Llama's, read and written by Llama's adapter: each norm's `γ = 1 + w` (`norm_offset`)
+folds into its readers (q, k, v; gate, up; the head), and the export writes unit norms as `w = 0`. The group is
+Llama's: the full orthogonal map and a scale on the residual stream, heads within their key-value groups, FFN
+units, GLU scales, OV maps, and QK maps that scale and turn each rotary pair. Embeddings are tied in the
+checkpoints; the export unties the head where the final norm's weight, folded into it, makes it differ from the
+embedding.
 """
 
 from __future__ import annotations
 
-import torch
-
-from .base import final_norm_to_canonical
-from .llama import LlamaAdapter, decoder_attention_from_canonical, decoder_attention_to_canonical, decoder_mlp_to_canonical
+from .llama import LlamaAdapter
 
 
 class Gemma1Adapter(LlamaAdapter):
@@ -30,29 +28,3 @@ class Gemma1Adapter(LlamaAdapter):
         """sqrt(d_model): the stock model's `normalizer`, which it rounds to the embedding's dtype (so in bfloat16 an
         expansion's first block reads the narrow one's input to that dtype's rounding)."""
         return s.d_model ** 0.5
-
-    def _gamma(self, get, name: str) -> torch.Tensor:
-        """The weight γ the stock norm `name` multiplies by: its stored weight plus `norm_offset`."""
-        return self.norm_offset + get(f"{name}.weight")
-
-    def attention_to_canonical(self, get, s, i):
-        return decoder_attention_to_canonical(get, s, i, (self._gamma(get, f"model.layers.{i}.input_layernorm"), None))
-
-    def mlp_to_canonical(self, get, s, i):
-        return decoder_mlp_to_canonical(get, s, i, (self._gamma(get, f"model.layers.{i}.post_attention_layernorm"), None))
-
-    def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
-        return final_norm_to_canonical(w_u, None, self._gamma(get, "model.norm"), None, s.eps)
-
-    def attention_from_canonical(self, params, s, i):
-        """Block i's attention tensors and its two norms at unit weight (w = 0)."""
-        hf = f"model.layers.{i}"
-        return {**decoder_attention_from_canonical(params, i, False, s.d_model),
-                **{f"{hf}.{n}.weight": torch.zeros(s.d_model, dtype=torch.float64)
-                   for n in ("input_layernorm", "post_attention_layernorm")}}
-
-    def ends_from_canonical(self, params, s):
-        return {"model.embed_tokens.weight": params["embed.W_E"], "lm_head.weight": params["head.W_U"],
-                "model.norm.weight": torch.zeros(s.d_model, dtype=torch.float64)}

@@ -98,22 +98,25 @@ def qk_norm_from_canonical(params, s: ModelShape, i: int, offset: float = 0.0) -
     return {f"{hf}.{n}_norm.weight": params[f"{p}.g_{n.upper()}"].reshape(-1) - offset for n in "qk"}
 
 
-def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool) -> dict[str, torch.Tensor]:
+def decoder_ends_from_canonical(params, s: ModelShape, norm_weights: bool, unit: float = 1.0) -> dict[str, torch.Tensor]:
+    """The embedding, the head and, with `norm_weights`, the final norm at unit weight (stored as `unit`: 1, or
+    0 for a class that stores w for 1 + w)."""
     sd = {"model.embed_tokens.weight": params["embed.W_E"], "lm_head.weight": params["head.W_U"]}
     if norm_weights:
-        sd["model.norm.weight"] = torch.ones(s.d_model, dtype=torch.float64)
+        sd["model.norm.weight"] = torch.full((s.d_model,), unit, dtype=torch.float64)
     return sd
 
 
-def decoder_attention_from_canonical(params, i: int, norm_weights: bool, d_model: int) -> dict[str, torch.Tensor]:
-    """All tensors a Llama-layout attention could hold, and the block's two norms (unit weight) with `norm_weights`."""
+def decoder_attention_from_canonical(params, i: int, norm_weights: bool, d_model: int, unit: float = 1.0) -> dict[str, torch.Tensor]:
+    """All tensors a Llama-layout attention could hold, and the block's two norms at unit weight (stored as `unit`,
+    as `decoder_ends_from_canonical`) with `norm_weights`."""
     hf = f"model.layers.{i}"
     q, k, v, o, bq, bk, bv, bo = attention_from_canonical(f"blocks.{i}", params)
     sd = {}
     for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
         sd[f"{hf}.self_attn.{n}_proj.weight"], sd[f"{hf}.self_attn.{n}_proj.bias"] = w, b
     if norm_weights:
-        ones = torch.ones(d_model, dtype=torch.float64)
+        ones = torch.full((d_model,), unit, dtype=torch.float64)
         sd[f"{hf}.input_layernorm.weight"] = ones
         sd[f"{hf}.post_attention_layernorm.weight"] = ones
     return sd
@@ -149,29 +152,34 @@ class LlamaAdapter(Adapter):
     def block_to_canonical(self, get, s, i):
         return {**self.attention_to_canonical(get, s, i), **self.mlp_to_canonical(get, s, i)}
 
+    def _gamma(self, get, name: str) -> torch.Tensor:
+        """The weight γ the stock norm `name` multiplies by: its stored weight plus `norm_offset`."""
+        return self.norm_offset + get(f"{name}.weight")
+
     def attention_to_canonical(self, get, s, i):
         """Block i's attention, its input norm folded in, and its QK-norm weights where the shape has them."""
-        return {**decoder_attention_to_canonical(get, s, i, (get(f"model.layers.{i}.input_layernorm.weight"), None)),
+        return {**decoder_attention_to_canonical(get, s, i, (self._gamma(get, f"model.layers.{i}.input_layernorm"), None)),
                 **qk_norm_to_canonical(get, s, i)}
 
     def mlp_to_canonical(self, get, s, i):
         """Block i's MLP, the post-attention norm folded in (a mixture of experts replaces it: `experts.py`)."""
-        return decoder_mlp_to_canonical(get, s, i, (get(f"model.layers.{i}.post_attention_layernorm.weight"), None))
+        return decoder_mlp_to_canonical(get, s, i, (self._gamma(get, f"model.layers.{i}.post_attention_layernorm"), None))
 
     def final_to_canonical(self, get, s):
         w_u = get("lm_head.weight", None)
         w_u = get("model.embed_tokens.weight") if w_u is None else w_u
-        return final_norm_to_canonical(w_u, None, get("model.norm.weight"), None, s.eps)
+        return final_norm_to_canonical(w_u, None, self._gamma(get, "model.norm"), None, s.eps)
 
     def ends_from_canonical(self, params, s):
-        return decoder_ends_from_canonical(params, s, norm_weights=True)
+        return decoder_ends_from_canonical(params, s, norm_weights=True, unit=1.0 - self.norm_offset)
 
     def block_from_canonical(self, params, s, i):
         return {**self.attention_from_canonical(params, s, i), **self.mlp_from_canonical(params, s, i)}
 
     def attention_from_canonical(self, params, s, i):
         """Block i's attention tensors, its two norms (unit weight) and its QK-norm weights."""
-        return {**decoder_attention_from_canonical(params, i, True, s.d_model), **qk_norm_from_canonical(params, s, i)}
+        return {**decoder_attention_from_canonical(params, i, True, s.d_model, unit=1.0 - self.norm_offset),
+                **qk_norm_from_canonical(params, s, i)}
 
     def mlp_from_canonical(self, params, s, i):
         return decoder_mlp_from_canonical(params, i)
