@@ -2,16 +2,16 @@
 averaging's, and where its time went.
 
 For each `pairs.py` name (seeds 0 and 1; train them first), one command with the defaults: the full recipe,
-`--lr auto` (bracketed), learning on while the curve still falls (`--extend 2`), the best state on the
-validation split. Then `symmerge barrier` of the two outputs and of the plain pair on the test split (11 points,
-55 batches of 16 windows). A step whose output already exists is not run again (its report is read) and an
-interrupted dual run is continued from its last state, so an interrupted benchmark goes on where it stopped.
-Each command runs in a fresh process at one thread. `--epochs E` runs the same command with that many epochs
-(a length given fixes it: no learning on), recorded as NAME-epochsE.
+`--lr auto` (bracketed), the best state on the validation split. Then `symmerge barrier` of the two outputs
+and of the plain pair on the test split (11 points, 55 batches of 16 windows). A step whose output already
+exists is not run again (its report is read) and an interrupted dual run is continued from its last state,
+so an interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread.
+`--epochs E` and `--extend X` run the same command with that length (a length given fixes it unless
+`--extend` is given too), recorded as NAME-epochsE[-extendX].
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
-    python benchmarks/default_dual.py neox-char-demo --epochs 8     # the same with twice the planned epochs
+    python benchmarks/default_dual.py neox-char-demo --epochs 4 --extend 2   # half the epochs, learning on
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pairs
@@ -51,9 +52,38 @@ def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | Non
     print(f"ran{' (resumed)' if resume else ''}: {commands[-1]}", flush=True)
 
 
-def epochs_flags(epochs: float | None) -> list[str]:
-    """The flags of a learned or dual run given `--epochs` (none: the default recipe's length)."""
-    return [] if epochs is None else ["--epochs", f"{epochs:g}"]
+@dataclass(frozen=True)
+class Length:
+    """A learned or dual run's length flags: none given is the default recipe's length (`Length()`)."""
+
+    epochs: float | None = None
+    extend: float | None = None
+
+    def _given(self) -> list[tuple[str, float]]:
+        return [(k, v) for k, v in (("epochs", self.epochs), ("extend", self.extend)) if v is not None]
+
+    def flags(self) -> list[str]:
+        """The run's flags: `--epochs E` and `--extend X` where given."""
+        return [x for k, v in self._given() for x in (f"--{k}", f"{v:g}")]
+
+    def suffix(self) -> str:
+        """The label's ending: `-epochsE-extendX` for what is given, nothing for the default."""
+        return "".join(f"-{k}{v:g}" for k, v in self._given())
+
+    def words(self) -> str:
+        """A record title's ending: ' with --epochs E --extend X', nothing for the default."""
+        return f" with {' '.join(self.flags())}" if self._given() else ""
+
+
+#: the default recipe's length
+DEFAULT_LENGTH = Length()
+
+
+def add_length(ap: argparse.ArgumentParser, what: str) -> None:
+    """`--epochs` and `--extend` for the dual runs of a benchmark whose records are labelled `what`."""
+    ap.add_argument("--epochs", type=float, default=None, help=f"the dual runs' --epochs instead of the default "
+                    f"recipe's (records {what}-epochsE)")
+    ap.add_argument("--extend", type=float, default=None, help="the dual runs' --extend")
 
 
 def test_args(vision: bool) -> list[str]:
@@ -71,15 +101,15 @@ def learning_columns(r: dict, rate: float, start: float, best: float) -> list[st
 
 
 def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str], seeds=(0, 1),
-            epochs: float | None = None) -> list[str]:
-    """The row of pair `name`: `epochs` None is the default run; a number sets `--epochs` (the one flag this
-    benchmark varies; the plain barrier is the pair's, shared with the default run's)."""
+            length: Length = DEFAULT_LENGTH) -> list[str]:
+    """The row of pair `name`: `length` sets the dual run's length flags (the one thing this benchmark varies;
+    the plain barrier is the pair's, shared with the default run's)."""
     (a, _), (b, _) = pairs.commands(name, seeds, runs, data_root)
     data = pairs.data_of(name, data_root)
     barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
-    pair, label = pair_label(name, seeds), pair_label(name, seeds, epochs)
+    pair, label = pair_label(name, seeds), pair_label(name, seeds, length)
     out, rep = work / label, work / f"{label}.json"
-    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *epochs_flags(epochs),
+    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *length.flags(),
               "--json", str(rep)], rep, commands, learns=out)
     for kind, x, y, at in (("dual", out / "A", out / "B", label), ("plain", a, b, pair)):
         symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{at}-{kind}.json")],
@@ -92,11 +122,11 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
             *learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
 
-def pair_label(name: str, seeds, epochs: float | None = None) -> str:
+def pair_label(name: str, seeds, length: Length = DEFAULT_LENGTH) -> str:
     """The pair's name in tables and file names: the pairs.py name, with its seeds where they are not 0 and 1
-    and the epochs where they are not the default."""
+    and the length flags where they are given."""
     label = name if tuple(seeds) == (0, 1) else f"{name}-seeds{seeds[0]}{seeds[1]}"
-    return label if epochs is None else f"{label}-epochs{epochs:g}"
+    return label + length.suffix()
 
 
 def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.Namespace, Path]:
@@ -115,17 +145,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="+", help="pairs.py names, each trained at the two --seeds")
     ap.add_argument("--seeds", default="0,1", help="the pair's two training seeds (default 0,1)")
-    ap.add_argument("--epochs", type=float, default=None, help="align's --epochs instead of the default recipe's "
-                    "(records NAME-epochsE)")
+    add_length(ap, "NAME")
     args, work = parse(ap, "default_dual", "runs/default-dual")
     seeds = tuple(int(x) for x in args.seeds.split(","))
+    length = Length(args.epochs, args.extend)
     for name in args.names:
         commands: list[str] = []
-        row = measure(name, args.runs, args.data_root, work, commands, seeds, args.epochs)
+        row = measure(name, args.runs, args.data_root, work, commands, seeds, length)
         print(row, flush=True)
-        key = pair_label(name, seeds, args.epochs)
-        what = "the default align --method dual" + ("" if args.epochs is None else f" with --epochs {args.epochs:g}")
-        record.save(args.results, "default_dual", key, f"{key}: {what}",
+        key = pair_label(name, seeds, length)
+        record.save(args.results, "default_dual", key, f"{key}: the default align --method dual{length.words()}",
                     [record.table(name, COLUMNS, [row])], commands=[record.command(), *commands],
                     notes="test-loss barriers in nats per character (ViT: per image); validation barrier from the "
                           "run's report (its 11-point grid on the validation split)")

@@ -13,12 +13,12 @@ with `python benchmarks/pairs.py --set many-width`):
 
 A step whose output already exists is not run again (its report is read), and an interrupted dual run is
 continued from its last state (`default_dual.symmerge`), so an interrupted benchmark goes on where it stopped;
-each command runs in a fresh process at one thread. `--part many|width` runs one half; `--epochs E` gives the
-dual runs that many epochs, recorded as FAMILY-PART-epochsE.
+each command runs in a fresh process at one thread. `--part many|width` runs one half; `--epochs E` and
+`--extend X` give the dual runs that length, recorded as FAMILY-PART-epochsE[-extendX].
 
     python benchmarks/pairs.py --set many-width
     python benchmarks/default_many.py vit gpt2 llama
-    python benchmarks/default_many.py gpt2 --part width --epochs 8
+    python benchmarks/default_many.py gpt2 --part width --epochs 4 --extend 2
 """
 
 from __future__ import annotations
@@ -51,24 +51,19 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def suffix(epochs: float | None) -> str:
-    """The label's ending of a run with `--epochs` given (none for the default recipe's length)."""
-    return "" if epochs is None else f"-epochs{epochs:g}"
-
-
 def many(family: str, runs: str, data_root: str, work: Path, commands: list[str],
-         epochs: float | None = None) -> list[str]:
-    """Four models: plain, weight and default dual merges' test excess (average; simplex); `epochs`: the dual
-    merge's `--epochs` (its outputs labelled with it; the plain and weight rows are shared)."""
+         length: default_dual.Length = default_dual.DEFAULT_LENGTH) -> list[str]:
+    """Four models: plain, weight and default dual merges' test excess (average; simplex); `length`: the dual
+    merge's length flags (its outputs labelled with them; the plain and weight rows are shared)."""
     name, _, data_file = FAMILIES[family]
     models = [folder for folder, _ in pairs.commands(name, SEEDS, runs, data_root)]
     data = f"{data_root}/{data_file}"
     test = [*default_dual.test_args(family == "vit"), "--points", "5", "--simplex-points", "8", "--seed", "0"]
-    rows, dual = {}, f"dual{suffix(epochs)}"
+    rows, dual = {}, f"dual{length.suffix()}"
     for method, label in (("weight", "weight"), ("dual", dual)):
         out, aligned, rep = work / f"{family}-many-{label}", work / f"{family}-many-{label}-aligned", \
             work / f"{family}-many-{label}.json"
-        flags = ["--data", data, *default_dual.epochs_flags(epochs)] if method == "dual" else []
+        flags = ["--data", data, *length.flags()] if method == "dual" else []
         default_dual.symmerge(["merge", *models, "-o", str(out), "--aligned", str(aligned), "--method", method,
                                *flags, "--json", str(rep)], rep, commands, learns=out if method == "dual" else None)
         rows[label] = [str(aligned / str(i + 1)) for i in range(len(models))]
@@ -87,25 +82,25 @@ def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]
 
     r = _read(work / f"{family}-many-{dual}.json")
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [f"4 {family} ({name}, seeds 0-3){suffix(epochs)}", cell("plain"), cell("weight"), cell(dual),
+    return [f"4 {family} ({name}, seeds 0-3){length.suffix()}", cell("plain"), cell("weight"), cell(dual),
             *default_dual.learning_columns(r, r["settings"]["lr"], r["objective_before"], best["objective"])]
 
 
 def width(family: str, runs: str, data_root: str, work: Path, commands: list[str],
-          epochs: float | None = None) -> list[str]:
-    """The width pair: the bare expansion's, weight matching's and the default dual's test barrier; `epochs`:
-    the dual run's `--epochs` (as in `many`)."""
+          length: default_dual.Length = default_dual.DEFAULT_LENGTH) -> list[str]:
+    """The width pair: the bare expansion's, weight matching's and the default dual's test barrier; `length`:
+    the dual run's length flags (as in `many`)."""
     name, wide, data_file = FAMILIES[family]
     (narrow, _), = pairs.commands(name, (0,), runs, data_root)
     (big, _), = pairs.commands(wide, (1,), runs, data_root)
     data = f"{data_root}/{data_file}"
-    label = f"dual{suffix(epochs)}"
+    label = f"dual{length.suffix()}"
     bare, weight, dual = work / f"{family}-width-bare", work / f"{family}-width-weight", work / f"{family}-width-{label}"
     rep = work / f"{family}-width-{label}.json"
     default_dual.symmerge(["expand", narrow, "--like", big, "-o", str(bare)], bare, commands)
     default_dual.symmerge(["align", narrow, big, "-o", str(weight), "--method", "weight"], weight, commands)
     default_dual.symmerge(["align", narrow, big, "-o", str(dual), "--method", "dual", "--data", data,
-                           *default_dual.epochs_flags(epochs), "--json", str(rep)], rep, commands, learns=dual)
+                           *length.flags(), "--json", str(rep)], rep, commands, learns=dual)
     got = {}
     for row, at, (x, y) in (("bare", "bare", (bare, big)), ("weight", "weight", (bare, weight)),
                             ("dual", label, (dual / "A", dual / "B"))):  # row name, file label, the pair
@@ -115,7 +110,7 @@ def width(family: str, runs: str, data_root: str, work: Path, commands: list[str
         got[row] = _read(js)["barrier"]
     r = _read(rep)
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [f"{family}: seed 0 into {wide} seed 1{suffix(epochs)}", f"{got['bare']:.4f}",
+    return [f"{family}: seed 0 into {wide} seed 1{length.suffix()}", f"{got['bare']:.4f}",
             f"{got['weight']:.4f} ({got['weight'] / got['bare']:.3f})", f"{got['dual']:.4f} ({got['dual'] / got['bare']:.3f})",
             *default_dual.learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
@@ -128,17 +123,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="+", choices=list(FAMILIES))
     ap.add_argument("--part", choices=[*PARTS, "both"], default="both")
-    ap.add_argument("--epochs", type=float, default=None, help="the dual runs' --epochs instead of the default "
-                    "recipe's (records FAMILY-PART-epochsE)")
+    default_dual.add_length(ap, "FAMILY-PART")
     args, work = default_dual.parse(ap, "default_many", "runs/default-many")
+    length = default_dual.Length(args.epochs, args.extend)
     for family in args.families:
         for part in PARTS if args.part == "both" else (args.part,):
             measure, columns, what = PARTS[part]
             commands: list[str] = []
-            row = measure(family, args.runs, args.data_root, work, commands, args.epochs)
+            row = measure(family, args.runs, args.data_root, work, commands, length)
             print(row, flush=True)
-            given = "" if args.epochs is None else f" with --epochs {args.epochs:g}"
-            record.save(args.results, "default_many", f"{family}-{part}{suffix(args.epochs)}", f"{family}: {what}{given}",
+            record.save(args.results, "default_many", f"{family}-{part}{length.suffix()}",
+                        f"{family}: {what}{length.words()}",
                         [record.table(f"{family}, {part}", columns, [row])], commands=[record.command(), *commands],
                         notes="test-loss barriers in nats per character (ViT: per image); ratios against the "
                               "first column; validation figures from the dual run's report")

@@ -181,9 +181,12 @@ def test_an_interrupted_dual_run_of_a_benchmark_is_resumed_not_refused(tmp_path,
     assert len(calls) == 2  # a finished step is read, not run again
 
 
-def test_the_many_model_benchmark_labels_runs_of_other_lengths_apart():
+def test_the_default_benchmarks_label_runs_of_other_lengths_apart():
     import default_dual
-    import default_many
+    from default_dual import Length
 
-    assert default_many.suffix(None) == "" and default_dual.epochs_flags(None) == []
-    assert default_many.suffix(8.0) == "-epochs8" and default_dual.epochs_flags(8.0) == ["--epochs", "8"]
+    assert Length().suffix() == "" and Length().flags() == [] and Length().words() == ""
+    assert Length(8.0).suffix() == "-epochs8" and Length(8.0).flags() == ["--epochs", "8"]
+    assert Length(4.0, 2.0).suffix() == "-epochs4-extend2" and Length(4.0, 2.0).words() == " with --epochs 4 --extend 2"
+    assert default_dual.pair_label("p", (0, 1), Length(4.0, 2.0)) == "p-epochs4-extend2"
+    assert default_dual.pair_label("p", (2, 3)) == "p-seeds23"

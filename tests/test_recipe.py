@@ -21,7 +21,7 @@ from symmerge.data.batches import load_batches
 from symmerge.evaluation.forward import grid
 from symmerge.match import learner as learner_module
 from symmerge.match import lr_search, objectives
-from symmerge.match.learn_config import DEFAULT_LR, LearnConfig
+from symmerge.match.learn_config import DEFAULT_LR, EPOCHS, EXTEND, LearnConfig
 from symmerge.match.learn_plan import plan_line
 from symmerge.match.learn_report import after_best, end_line
 from symmerge.match.learned import learn
@@ -174,7 +174,7 @@ def test_epochs_and_validation_defaults_take_all_the_data(pair, monkeypatch):
 
 def test_cli_defaults_and_the_quick_recipe(tmp_path, capsys):
     """`align --method dual` with no tuning flags: batches of 1024 tokens (32 windows of 32), every
-    training batch of the split for 4 epochs, every validation batch, λ over 0.2-0.8 on an 11-point
+    training batch of the split for EPOCHS epochs, every validation batch, λ over 0.2-0.8 on an 11-point
     grid; this tiny run is too short for --lr auto's search, so the default rate is used and said so
     (asked for explicitly, --lr auto is refused, nothing written). `--recipe quick`: 8 batches of 8,
     λ over 0.4-0.6, 5 points, evaluations every 25 steps, dual's fixed rate."""
@@ -187,7 +187,7 @@ def test_cli_defaults_and_the_quick_recipe(tmp_path, capsys):
     assert cli.main(["align", *common, "--method", "dual", "-o", str(out), "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
     plan, settings = rep["plan"], rep["settings"]
-    assert plan["train_batches"] == len(train) and plan["steps"] == rep["steps"] == 4 * len(train)
+    assert plan["train_batches"] == len(train) and plan["steps"] == rep["steps"] == EPOCHS * len(train)
     assert plan["val_batches"] == len(val) and settings["grid_points"] == 11 and settings["lam_range"] == [0.2, 0.8]
     assert plan["eval_every"] == -(-plan["steps"] // 10) and rep["recipe"] == "full"
     assert settings["lr"] == DEFAULT_LR["dual"] and "too short for --lr auto" in rep["lr_note"]
@@ -206,8 +206,8 @@ def test_cli_defaults_and_the_quick_recipe(tmp_path, capsys):
 
 def test_merge_takes_the_same_recipe(tmp_path, capsys):
     """`merge --method dual` with no tuning flags runs the full recipe as align does: batches of 1024 tokens,
-    every training batch for 4 epochs, evaluations spread over the run, learning on
-    (--extend 2); this run is too short for --lr auto's search, so dual's fixed rate is used and the end
+    every training batch for EPOCHS epochs, evaluations spread over the run, learning on to EXTEND times
+    the plan; this run is too short for --lr auto's search, so dual's fixed rate is used and the end
     line says so; --lr auto asked for is refused with nothing written; `--recipe quick` is the smoke test."""
     from symmerge import cli
 
@@ -219,7 +219,7 @@ def test_merge_takes_the_same_recipe(tmp_path, capsys):
                      "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
     settings = rep["settings"]
-    assert rep["planned_steps"] == 4 * len(train) and settings["extend"] == 2.0 and settings["val_batches"] == "auto"
+    assert rep["planned_steps"] == EPOCHS * len(train) and settings.get("extend", 1.0) == EXTEND and settings["val_batches"] == "auto"
     assert settings["eval_every"] == -(-rep["planned_steps"] // 10) and settings["lr"] == DEFAULT_LR["dual"]
     assert "too short for --lr auto" in rep["lr_note"]
     assert "too short for --lr auto" in capsys.readouterr().out

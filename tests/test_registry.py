@@ -15,7 +15,7 @@ from symmerge.cli import build_parser
 from symmerge.commands.option_flags import option_fields, users
 from symmerge.match import options as opt
 from symmerge.match import registry
-from symmerge.match.learn_config import DEFAULT_LR, RECIPES, LearnConfig
+from symmerge.match.learn_config import DEFAULT_LR, EPOCHS, RECIPES, LearnConfig
 from symmerge.store.report import SCHEMA_VERSION, dumps, stamped
 
 
@@ -42,7 +42,7 @@ def test_align_parser_defaults_are_the_options_defaults():
         assert quick["lr"] == DEFAULT_LR[method] and quick["steps"] == RECIPES["quick"]["steps"] == 200
         assert (quick["batch_size"], quick["max_batches"], quick["epochs"]) == (8, 8, None)
         many = registry.many_options_for(method)  # merge's: the same recipe, and the rounds' options
-        assert many["recipe"] == opt.DEFAULT_RECIPE == "full" and many["lr"] == "auto" and many["epochs"] == 4.0
+        assert many["recipe"] == opt.DEFAULT_RECIPE == "full" and many["lr"] == "auto" and many["epochs"] == EPOCHS
         assert registry.many_options_for(method, {"recipe": "quick"})["steps"] == 200
     assert {k: registry.options_for("activation", vars(args))[k] for k in ("batch_size", "max_batches")} == {
         "batch_size": 8, "max_batches": 8}
