@@ -95,6 +95,37 @@ def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
               resume=True)
 
 
+def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(pair, tmp_path, capsys):
+    """Killed after saving its plan and before its first checkpoint, a run leaves the plan alone in its folder:
+    without --resume that folder is an unfinished run (refused), with it the run starts again from step 0 with
+    the saved plan and equals the uninterrupted run; --resume of a folder that does not exist is refused."""
+    a, b = pair
+    train, val = lm_batches(3, 0), lm_batches(1, 1)
+    cfg = quick(steps=6, lr=0.1, seed=3, eval_every=2, checkpoint_every=100)
+    whole = learn(a, b, train, val, cfg, checkpoint=tmp_path / "whole")
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted):
+        learn(a, b, train, val, cfg, checkpoint=checkpoint_folder(out), on_step=lambda step: step == 2)
+    for name in ("state.json", "state.safetensors"):
+        (checkpoint_folder(out) / name).unlink()
+    plan = (checkpoint_folder(out) / "plan.json").read_text()
+    with pytest.raises(SymmergeError, match="--resume"):
+        learned_align(a, b, train, val, cfg, out)
+    taken = []
+    resumed = learn(a, b, train, val, cfg, checkpoint=checkpoint_folder(out), resume=True, on_step=taken.append)
+    assert taken == [1, 2, 3, 4, 5, 6], taken  # a resume from a checkpoint would take the steps after it alone
+    assert "holds no checkpoint yet" in capsys.readouterr().out
+    assert (checkpoint_folder(out) / "plan.json").read_text() == plan  # the saved plan, kept
+    for n, t in whole.elements["B"].items():
+        assert torch.equal(t, resumed.elements["B"][n]), n
+    assert whole.report["history"] == resumed.report["history"]
+    report = learned_align(a, b, train, val, cfg, out, resume=True)  # the CLI's pieces take the same folder
+    assert report["steps"] == 6 and (out / "config.json").is_file() and not checkpoint_folder(out).exists()
+    with pytest.raises(SymmergeError, match="no learned-matching checkpoint"):
+        learned_align(a, b, train, val, cfg, tmp_path / "nowhere", resume=True)
+    assert not (tmp_path / "nowhere").exists() and not checkpoint_folder(tmp_path / "nowhere").exists()
+
+
 def test_best_state_kept_and_early_stopping(pair):
     a, b = pair
     cfg = quick(steps=30, lr=0.3, eval_every=2, patience=2, seed=1)

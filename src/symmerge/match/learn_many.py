@@ -44,7 +44,7 @@ from .blockwise import BlockwiseForward, PartFn
 from .frozen import Frozen, fill
 from .learn_config import DTYPES, LearnConfig
 from .learn_loop import Result, Run
-from .learn_state import load_plan, save_plan
+from .learn_state import continues, load_plan, save_plan
 from .learner import Slot, eps_scale, lap, prepare, select, trainables
 from .lr_search import run_rate
 from .objectives import SimplexObjective
@@ -206,10 +206,10 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
     if init is not None:
         init = [group.broadcast(g) for g in init]
     learner = ManyLearner(models, cfg, init, weights, val_points)
-    saved = load_plan(checkpoint) if resume and checkpoint is not None else None
+    saved, resume = load_plan(checkpoint) if resume and checkpoint is not None else None, continues(checkpoint, resume)
     lr, search = run_rate(learner, train, val, cfg, saved)  # "auto": chosen once, a resumed run takes its plan's
     learner.cfg = cfg = replace(cfg, lr=lr)
-    if search is not None and checkpoint is not None and not resume:
+    if search is not None and checkpoint is not None and saved is None:
         save_plan(checkpoint, {"lr": lr, "lr_search": search})
     result = Run(learner, train, val, checkpoint, on_step).go(resume)
     result.report["gauge"] = gauge_note(learner.n)

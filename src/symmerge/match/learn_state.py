@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import SymmergeError
+from ..runtime import distributed
 from ..runtime.atomic import write_file
 
 FORMAT = 1
@@ -47,9 +48,41 @@ def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def has_state(folder) -> bool:
+    """Whether `folder` holds a checkpoint (its tensors and its JSON). A run stopped after its plan was saved
+    and before its first checkpoint leaves the folder without one."""
+    folder = Path(folder)
+    return (folder / META).is_file() and (folder / TENSORS).is_file()
+
+
+def continues(folder, resume: bool) -> bool:
+    """Whether a run asked to `resume` continues a checkpoint in `folder`, the same answer on every process. A
+    folder left by a run stopped before its first checkpoint (its plan alone) is not one: that run starts again
+    from step 0 with the saved plan, which is the uninterrupted run (batches and λ draws depend on (seed, step)
+    alone); so does every process when one of them finds no checkpoint in its folder. A folder that does not
+    exist is refused on every process (`outputs.open_checkpoint` refuses it before any work)."""
+    if not resume:
+        return False
+    group = distributed.current()
+
+    def exists():
+        if folder is None:
+            raise SymmergeError("--resume needs a checkpoint folder")
+        if not Path(folder).is_dir():
+            raise SymmergeError(f"no learned-matching checkpoint in {folder}; run without --resume to start one")
+
+    group.agree(exists)
+    if all(bool(t["found"]) for t in group.gather({"found": torch.tensor(has_state(folder))})):
+        return True
+    if group.main:
+        print(f"{folder} holds no checkpoint yet (its run stopped before the first): starting from step 0 with "
+              "its saved plan", flush=True)
+    return False
+
+
 def load_state(folder) -> tuple[dict[str, torch.Tensor], dict]:
     folder = Path(folder)
-    if not (folder / META).is_file() or not (folder / TENSORS).is_file():
+    if not has_state(folder):
         raise SymmergeError(f"no learned-matching checkpoint in {folder}; run without --resume to start one")
     meta = json.loads((folder / META).read_text())
     if meta.get("format") != FORMAT:

@@ -107,6 +107,8 @@ def open_checkpoint(out, force: bool = False, resume: bool = False) -> Path:
     unfinished run there is continued (`resume`), replaced (`force`) or refused."""
     prepare_output(out, force)  # fail before any work
     ckpt = checkpoint_folder(out)
+    if resume and not ckpt.is_dir():
+        raise SymmergeError(f"no learned-matching checkpoint in {ckpt}; run without --resume to start one")
     if not resume and ckpt.exists():
         if not force:
             raise SymmergeError(f"{ckpt} holds an unfinished run; pass --resume to continue it or --force to start over")
