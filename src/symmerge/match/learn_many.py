@@ -206,7 +206,8 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
     if init is not None:
         init = [group.broadcast(g) for g in init]
     learner = ManyLearner(models, cfg, init, weights, val_points)
-    saved, resume = load_plan(checkpoint) if resume and checkpoint is not None else None, continues(checkpoint, resume)
+    saved = load_plan(checkpoint) if resume and checkpoint is not None else None  # saved before the first checkpoint
+    resume = continues(checkpoint, resume)
     lr, search = run_rate(learner, train, val, cfg, saved)  # "auto": chosen once, a resumed run takes its plan's
     learner.cfg = cfg = replace(cfg, lr=lr)
     if search is not None and checkpoint is not None and saved is None:

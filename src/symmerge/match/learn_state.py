@@ -20,7 +20,7 @@ from ..runtime import distributed
 from ..runtime.atomic import write_file
 
 FORMAT = 1
-TENSORS, META = "state.safetensors", "state.json"
+TENSORS, META, PLAN = "state.safetensors", "state.json", "plan.json"
 
 
 def save_state(folder, tensors: dict[str, torch.Tensor], meta: dict) -> None:
@@ -75,8 +75,9 @@ def continues(folder, resume: bool) -> bool:
     if all(bool(t["found"]) for t in group.gather({"found": torch.tensor(has_state(folder))})):
         return True
     if group.main:
-        print(f"{folder} holds no checkpoint yet (its run stopped before the first): starting from step 0 with "
-              "its saved plan", flush=True)
+        plan = " with its saved plan" if (Path(folder) / PLAN).is_file() else ""
+        print(f"{folder} holds no checkpoint yet (its run stopped before the first): starting from step 0{plan}",
+              flush=True)
     return False
 
 
@@ -99,8 +100,6 @@ def check_settings(saved: dict, current: dict, folder) -> None:
         raise SymmergeError(f"the checkpoint in {folder} was made with {k}={old!r}, not {new!r}; "
                             "resume with the same settings or start a new run")
 
-
-PLAN = "plan.json"
 
 
 def save_plan(folder, plan: dict) -> None:

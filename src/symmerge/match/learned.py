@@ -74,7 +74,8 @@ def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConf
         init = group.broadcast(init)
     release_freed_heap()  # what the data and the weight-matching start freed, before the frozen stores are kept
     learner = Learner(a, b, cfg, init)
-    saved, resume = load_plan(checkpoint) if resume and checkpoint is not None else None, continues(checkpoint, resume)
+    saved = load_plan(checkpoint) if resume and checkpoint is not None else None  # saved before the first checkpoint
+    resume = continues(checkpoint, resume)
     plan = make_plan(learner, train, val, cfg, saved)
     learner.cfg = resolved(cfg, plan)
     if checkpoint is not None and saved is None:  # a resumed run keeps the plan it saved
