@@ -17,7 +17,7 @@ from conftest import shared_data
 from symmerge import SymmergeError
 from symmerge.cli import main
 from symmerge.data.batches import load_batches, split_range
-from symmerge.data.images import load_images, preprocess, processor_config, write_processor_config
+from symmerge.data.images import load_images, preprocess, processor_config, read_processor_config, write_processor_config
 from symmerge.data.tokenizers import bpe_tokenizer, char_tokenizer, gpt2_tokenizer
 from symmerge.evaluation.forward import evaluate, evaluate_params
 
@@ -287,6 +287,51 @@ def test_hf_datasets_optional(tmp_path, text):
     (tmp_path / "joined.txt").write_text("\n".join(text.split("\n")))
     same = load_batches(model, str(tmp_path / "joined.txt"), "all", 4)
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, same, strict=True))
+
+
+def test_hf_splits_never_share_an_item(tmp_path, text):
+    """hf:NAME as a file is split: a single Dataset like a text file (by windows) or an image set (by rows); a
+    DatasetDict without a validation split gives the last twelfth of train's rows as validation and the rest as
+    train; `all` concatenates; a split it lacks is refused, naming the ones it has."""
+    datasets = pytest.importorskip("datasets")
+    from symmerge.data.hf_datasets import VAL_SHARE
+
+    model = lm_folder(tmp_path / "m", text)
+    lines = text.split("\n")
+    datasets.Dataset.from_dict({"text": lines}).save_to_disk(tmp_path / "one")
+    (tmp_path / "one.txt").write_text("\n".join(lines))
+    for split in ("train", "validation", "test", "all"):
+        got = load_batches(model, f"hf:{tmp_path / 'one'}", split, 4)
+        same = load_batches(model, str(tmp_path / "one.txt"), split, 4)
+        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
+    train, test = lines[: len(lines) * 3 // 4], lines[len(lines) * 3 // 4:]
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train}),
+                          "test": datasets.Dataset.from_dict({"text": test})}).save_to_disk(tmp_path / "two")
+    n_val = round(len(train) * VAL_SHARE)
+    for split, rows in (("train", train[:-n_val]), ("validation", train[-n_val:]), ("test", test),
+                        ("all", train + test)):
+        (tmp_path / f"{split}.txt").write_text("\n".join(rows))
+        got = load_batches(model, f"hf:{tmp_path / 'two'}", split, 4)
+        same = load_batches(model, str(tmp_path / f"{split}.txt"), "all", 4)
+        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train})}).save_to_disk(tmp_path / "train-only")
+    with pytest.raises(SymmergeError, match="has no test split \\(it has train\\)"):
+        load_batches(model, f"hf:{tmp_path / 'train-only'}", "test", 4)
+    # images: rows split as the IDX files are, each row's pixels the ones given
+    vit = vit_folder(tmp_path / "vit", resize=False)
+    rng = np.random.default_rng(0)
+    imgs, labels = rng.integers(0, 256, (36, 8, 8)).astype(np.uint8), (np.arange(36) % 10).tolist()
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"image": list(imgs[:24]), "label": labels[:24]}),
+                          "test": datasets.Dataset.from_dict({"image": list(imgs[24:]), "label": labels[24:]})}
+                         ).save_to_disk(tmp_path / "img")
+    cfg = read_processor_config(vit)
+    for split, rows in (("train", slice(0, 22)), ("validation", slice(22, 24)), ("test", slice(24, 36))):
+        (batch,) = load_batches(vit, f"hf:{tmp_path / 'img'}", split, 64)
+        assert torch.equal(batch["labels"], torch.tensor(labels[rows])), split
+        assert torch.equal(batch["pixel_values"], preprocess(torch.as_tensor(imgs[rows], dtype=torch.float32), cfg, 8, 1))
+    datasets.Dataset.from_dict({"image": list(imgs[:20]), "label": labels[:20]}).save_to_disk(tmp_path / "img-one")
+    sizes = [len(load_batches(vit, f"hf:{tmp_path / 'img-one'}", s, 64)[0]["labels"]) for s in ("train", "validation", "test")]
+    assert sizes == [18, 1, 1]  # 90/5/5 of 20 rows, as a text file's windows
 
 
 def test_cli_eval_prints_and_writes_json(tmp_path, text, text_file, capsys):

@@ -12,19 +12,19 @@ Text (`*.txt` or any other file): decoded as UTF-8, tokenised by the model folde
 (`AutoTokenizer.from_pretrained(model_dir)`), cut into non-overlapping windows of `seq_len` tokens
 (default: the model's context length). Windows are split by position: the first 90% train, the next
 5% validation, the last 5% test (at least one window each); `split="all"` is every window.
-Images: see `symmerge.data.images`. `hf:NAME` loads a dataset with the optional `datasets` package.
+Images: see `symmerge.data.images`. `hf:NAME` loads a dataset with the optional `datasets` package
+(`symmerge.data.hf_datasets`).
 Everything is deterministic: the same call returns the same batches, in file order.
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..errors import SymmergeError
+from .hf_datasets import hf_rows, image_arrays, text_of
 from .images import SPLITS, is_image_source, load_images, preprocess, read_processor_config
 from .tokenizers import encode, load_tokenizer
 
@@ -169,65 +169,14 @@ def load_batches(model_dir, data: str, split: str = "test", batch_size: int = 8,
 
 
 def _hf_items(model_dir: Path, config, name: str, split: str, seq_len: int | None) -> dict[str, torch.Tensor]:
-    """A dataset through the optional `datasets` package: a saved folder or a hub name (cached locally).
-
-    Text datasets need a `text` column (joined with newlines, then windowed, split taken from the
-    dataset's own split); image datasets need `image`/`img` and `label` columns. Untested here
-    unless `datasets` is installed.
-    """
-    try:
-        import datasets
-    except ImportError:
-        raise SymmergeError("hf:NAME needs the optional 'datasets' package: pip install 'symmerge[datasets]'") from None
-    hf_split = {"validation": "validation", "test": "test", "train": "train"}.get(split, split)
-    try:
-        if Path(name).is_dir():
-            ds = datasets.load_from_disk(name)
-        else:
-            with _hub_offline_unless_reachable(datasets) as why:
-                try:
-                    ds = datasets.load_dataset(name)
-                except (ConnectionError, FileNotFoundError) as e:
-                    if why is None:
-                        raise
-                    raise SymmergeError(f"dataset {name} is not in the local cache and {why}: run once with network "
-                                        "access to cache it, or pass hf:FOLDER (a folder written by "
-                                        "Dataset.save_to_disk)") from e
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[hf_split]
-    except SymmergeError:
-        raise
-    except (KeyError, FileNotFoundError, ValueError, OSError) as e:
-        raise SymmergeError(f"cannot load dataset {name} split {hf_split}: {str(e).splitlines()[0]}") from None
+    """`load_items` of `hf:NAME` (`hf_datasets.py`): a single data set split as a file of its kind is."""
+    rows, single = hf_rows(name, split)
     if is_vision(config):
-        col = "image" if "image" in ds.column_names else "img"
-        x = torch.stack([torch.as_tensor(np.asarray(im, dtype=np.float32)) for im in ds[col]])
-        y = torch.as_tensor(ds["label"], dtype=torch.int64)
+        if single:
+            rows = rows.select(range(*split_range(len(rows), split)))
+        x, y = image_arrays(rows, name)
         cfg = read_processor_config(model_dir)
         return {"pixel_values": preprocess(x, cfg, int(config.image_size), int(config.num_channels)), "labels": y}
-    if "text" not in ds.column_names:
-        raise SymmergeError(f"dataset {name} has no 'text' column (columns: {ds.column_names})")
-    tok = load_tokenizer(model_dir)
-    windows = token_windows(tok, "\n".join(ds["text"]), seq_len or context_length(config), "all", source=name)
+    windows = token_windows(load_tokenizer(model_dir), text_of(rows, name), seq_len or context_length(config),
+                            split if single else "all", source=name)
     return {"input_ids": windows, "labels": windows.clone()}
-
-
-@contextlib.contextmanager
-def _hub_offline_unless_reachable(datasets):
-    """Yields None when the Hub can be asked (`hub.offline_reason`, HF_DATASETS_OFFLINE counted too), else
-    why not; while it cannot, `datasets` and `huggingface_hub` run offline (cached datasets still load),
-    so that an unknown name fails at once rather than after a minute of retries."""
-    import huggingface_hub.constants as constants
-
-    from ..store.hub import offline_reason
-
-    why = offline_reason(("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    if why is None:
-        yield None
-        return
-    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
-    try:
-        yield why
-    finally:
-        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved

@@ -1,0 +1,124 @@
+"""`--data hf:NAME`: a data set through the optional `datasets` package, a folder written by `save_to_disk` or
+a Hub name (cached locally).
+
+Text data sets need a `text` column (rows joined with newlines, then cut into windows); image data sets an
+`image` or `img` column and a `label` column. The split asked for is taken so that train, validation and test
+never share an item:
+
+- a `DatasetDict` gives its own split; one without a validation split but with a train split gives as
+  validation the last `VAL_SHARE` of train's rows, and as train the rows before them (as MNIST's IDX files
+  are split, 5,000 of 60,000); `all` is every split, concatenated;
+- a single `Dataset` is split as a text file is (`batches.split_range`, by the caller): text by windows of its
+  joined rows, images by rows, contiguous 90/5/5.
+
+A split the data set does not have (a test split of a dictionary without one) is refused, naming the splits
+it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import SymmergeError
+
+#: the share of a train split's rows a data set without a validation split gives as validation
+VAL_SHARE = 1 / 12
+
+
+def hf_rows(name: str, split: str):
+    """(rows, single): the rows of `split` of data set `name`, or, for a single Dataset (`single`), all its rows,
+    which the caller splits as it splits a file of its kind."""
+    datasets = _datasets()
+    ds = _load(datasets, name, split)
+    if not isinstance(ds, datasets.DatasetDict):
+        return ds, True
+    return pick(datasets, ds, split, name), False
+
+
+def image_arrays(rows, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw images `[N, H, W]` float32 and labels `[N]` int64 from an `image` (or `img`) and a `label` column."""
+    col = "image" if "image" in rows.column_names else "img"
+    missing = [c for c in (col, "label") if c not in rows.column_names]
+    if missing:
+        raise SymmergeError(f"dataset {name} has no {' or '.join(missing)} column (columns: {rows.column_names})")
+    x = torch.stack([torch.as_tensor(np.asarray(im, dtype=np.float32)) for im in rows[col]])
+    return x, torch.as_tensor(rows["label"], dtype=torch.int64)
+
+
+def text_of(rows, name: str) -> str:
+    """The `text` column's rows joined with newlines."""
+    if "text" not in rows.column_names:
+        raise SymmergeError(f"dataset {name} has no 'text' column (columns: {rows.column_names})")
+    return "\n".join(rows["text"])
+
+
+def pick(datasets, ds, split: str, name: str):
+    """Split `split` of DatasetDict `ds`: its own, or validation cut from the end of train where it has none
+    (train then the rows before it), or every split for `all`."""
+    if split == "all":
+        return datasets.concatenate_datasets([ds[k] for k in ds])
+    cut = "validation" not in ds and "train" in ds
+    if cut and split in ("train", "validation"):
+        n = len(ds["train"])
+        n_val = max(1, round(n * VAL_SHARE))
+        if n - n_val < 1:
+            raise SymmergeError(f"dataset {name}'s train split has {n} rows: too few to give a validation split too")
+        return ds["train"].select(range(n - n_val) if split == "train" else range(n - n_val, n))
+    if split not in ds:
+        raise SymmergeError(f"dataset {name} has no {split} split (it has {', '.join(ds)}); pass --split with one "
+                            "of them, or a data set that has it")
+    return ds[split]
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise SymmergeError("hf:NAME needs the optional 'datasets' package: pip install 'symmerge[datasets]'") from None
+    return datasets
+
+
+def _load(datasets, name: str, split: str):
+    """The data set `name`: a folder written by `save_to_disk`, or a Hub name (refused at once when offline and
+    not cached)."""
+    try:
+        if Path(name).is_dir():
+            return datasets.load_from_disk(name)
+        with _hub_offline_unless_reachable(datasets) as why:
+            try:
+                return datasets.load_dataset(name)
+            except (ConnectionError, FileNotFoundError) as e:
+                if why is None:
+                    raise
+                raise SymmergeError(f"dataset {name} is not in the local cache and {why}: run once with network "
+                                    "access to cache it, or pass hf:FOLDER (a folder written by "
+                                    "Dataset.save_to_disk)") from e
+    except SymmergeError:
+        raise
+    except (KeyError, FileNotFoundError, ValueError, OSError) as e:
+        raise SymmergeError(f"cannot load dataset {name} split {split}: {str(e).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def _hub_offline_unless_reachable(datasets):
+    """Yields None when the Hub can be asked (`hub.offline_reason`, HF_DATASETS_OFFLINE counted too), else
+    why not; while it cannot, `datasets` and `huggingface_hub` run offline (cached datasets still load),
+    so that an unknown name fails at once rather than after a minute of retries."""
+    import huggingface_hub.constants as constants
+
+    from ..store.hub import offline_reason
+
+    why = offline_reason(("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if why is None:
+        yield None
+        return
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield why
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
