@@ -44,13 +44,13 @@ def lm_folder(path: Path, text: str, seed: int = 0, context: int = 32) -> Path:
     return path
 
 
-def vit_folder(path: Path, image_size: int = 8, seed: int = 0, resize: bool = True) -> Path:
+def vit_folder(path: Path, image_size: int = 8, seed: int = 0, resize: bool = True, channels: int = 1) -> Path:
     torch.manual_seed(seed)
     model = T.ViTForImageClassification(T.ViTConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
                                                     intermediate_size=40, image_size=image_size, patch_size=4,
-                                                    num_channels=1, num_labels=10))
+                                                    num_channels=channels, num_labels=10))
     model.save_pretrained(path)
-    cfg = processor_config(image_size, 1, 0.3, 0.4)
+    cfg = processor_config(image_size, channels, 0.3, 0.4)
     cfg["do_resize"] = resize
     write_processor_config(path, cfg)
     return path
@@ -329,6 +329,22 @@ def test_hf_splits_never_share_an_item(tmp_path, text):
         (batch,) = load_batches(vit, f"hf:{tmp_path / 'img'}", split, 64)
         assert torch.equal(batch["labels"], torch.tensor(labels[rows])), split
         assert torch.equal(batch["pixel_values"], preprocess(torch.as_tensor(imgs[rows], dtype=torch.float32), cfg, 8, 1))
+    # colour images as PIL gives them (channels last), through the model's preprocessing as stock ViT's processor
+    from PIL import Image
+
+    rgb = vit_folder(tmp_path / "rgb", resize=False, channels=3)
+    colour = rng.integers(0, 256, (5, 8, 8, 3)).astype(np.uint8)
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"img": [Image.fromarray(c) for c in colour],
+                                                              "label": [1, 2, 3, 4, 5]},
+                                                             features=datasets.Features({"img": datasets.Image(),
+                                                                                         "label": datasets.Value("int64")}))}
+                         ).save_to_disk(tmp_path / "rgb-ds")
+    proc = T.ViTImageProcessor(**{k: v for k, v in read_processor_config(rgb).items() if k != "image_processor_type"})
+    ref = proc(images=list(colour), return_tensors="pt", input_data_format="channels_last")["pixel_values"]
+    (batch,) = load_batches(rgb, f"hf:{tmp_path / 'rgb-ds'}", "test", 64)
+    assert batch["pixel_values"].shape == ref.shape == (5, 3, 8, 8)
+    assert float((batch["pixel_values"] - ref).abs().max()) < 1e-6
+    assert float((batch["pixel_values"] - ref.transpose(-1, -2)).abs().max()) > 0.1  # negative control: H and W swapped
     datasets.Dataset.from_dict({"image": list(imgs[:20]), "label": labels[:20]}).save_to_disk(tmp_path / "img-one")
     sizes = [len(load_batches(vit, f"hf:{tmp_path / 'img-one'}", s, 64)[0]["labels"]) for s in ("train", "validation", "test")]
     assert sizes == [18, 1, 1]  # 90/5/5 of 20 rows, as a text file's windows

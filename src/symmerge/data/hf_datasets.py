@@ -25,6 +25,8 @@ import torch
 
 from ..errors import SymmergeError
 
+#: the channel counts of grey, colour and colour-with-alpha images
+CHANNELS = (1, 3, 4)
 #: the share of a train split's rows a data set without a validation split gives as validation
 VAL_SHARE = 1 / 12
 
@@ -40,12 +42,21 @@ def hf_rows(name: str, split: str):
 
 
 def image_arrays(rows, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw images `[N, H, W]` float32 and labels `[N]` int64 from an `image` (or `img`) and a `label` column."""
+    """Raw images float32, `[N, H, W]` (grey) or `[N, C, H, W]`, and labels `[N]` int64 from an `image` (or
+    `img`) and a `label` column. Colour images come channels last, as PIL gives them (`[H, W, C]`, C of 1, 3 or
+    4), and are turned channels first; an array of another layout is taken as it is."""
     col = "image" if "image" in rows.column_names else "img"
     missing = [c for c in (col, "label") if c not in rows.column_names]
     if missing:
         raise SymmergeError(f"dataset {name} has no {' or '.join(missing)} column (columns: {rows.column_names})")
-    x = torch.stack([torch.as_tensor(np.asarray(im, dtype=np.float32)) for im in rows[col]])
+    arrays = [np.asarray(im, dtype=np.float32) for im in rows[col]]
+    shapes = sorted({a.shape for a in arrays})
+    if len(shapes) > 1:
+        raise SymmergeError(f"dataset {name}'s images differ in size ({shapes[0]}, {shapes[-1]}, ...); give images of "
+                            "one size")
+    x = torch.as_tensor(np.stack(arrays))
+    if x.ndim == 4 and x.shape[-1] in CHANNELS and x.shape[1] not in CHANNELS:
+        x = x.permute(0, 3, 1, 2)
     return x, torch.as_tensor(rows["label"], dtype=torch.int64)
 
 
