@@ -289,12 +289,14 @@ def test_hf_datasets_optional(tmp_path, text):
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, same, strict=True))
 
 
-def test_hf_splits_never_share_an_item(tmp_path, text):
+def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
     """hf:NAME as a file is split: a single Dataset like a text file (by windows) or an image set (by rows); a
     DatasetDict without a validation split gives the last twelfth of train's rows as validation and the rest as
     train; `all` concatenates; a split it lacks is refused, naming the ones it has."""
     datasets = pytest.importorskip("datasets")
     from symmerge.data.hf_datasets import VAL_SHARE
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # what a folder of files builds
 
     model = lm_folder(tmp_path / "m", text)
     lines = text.split("\n")
@@ -345,6 +347,16 @@ def test_hf_splits_never_share_an_item(tmp_path, text):
     assert batch["pixel_values"].shape == ref.shape == (5, 3, 8, 8)
     assert float((batch["pixel_values"] - ref).abs().max()) < 1e-6
     assert float((batch["pixel_values"] - ref.transpose(-1, -2)).abs().max()) > 0.1  # negative control: H and W swapped
+    # a folder of image files, one folder per class under one per split: the label is the class folder's
+    for split, n in (("train", 12), ("test", 4)):
+        for k, cls in enumerate(("cat", "dog")):
+            (tmp_path / "files" / split / cls).mkdir(parents=True)
+            for j in range(n):
+                Image.fromarray(np.full((8, 8, 3), 40 + 150 * k, dtype=np.uint8)).save(tmp_path / "files" / split / cls / f"{j}.png")
+    got = {s: load_batches(rgb, f"hf:{tmp_path / 'files'}", s, 64)[0] for s in ("train", "validation", "test")}
+    assert {s: len(b["labels"]) for s, b in got.items()} == {"train": 22, "validation": 2, "test": 8}
+    for b in got.values():  # each image's class is its label (cat 40, dog 190)
+        assert torch.equal(b["pixel_values"][:, 0, 0, 0] > 0.5, b["labels"] == 1)  # (pixel / 255 - 0.3) / 0.4
     datasets.Dataset.from_dict({"image": list(imgs[:20]), "label": labels[:20]}).save_to_disk(tmp_path / "img-one")
     sizes = [len(load_batches(vit, f"hf:{tmp_path / 'img-one'}", s, 64)[0]["labels"]) for s in ("train", "validation", "test")]
     assert sizes == [18, 1, 1]  # 90/5/5 of 20 rows, as a text file's windows

@@ -1,5 +1,6 @@
-"""`--data hf:NAME`: a data set through the optional `datasets` package, a folder written by `save_to_disk` or
-a Hub name (cached locally).
+"""`--data hf:NAME`: a data set through the optional `datasets` package: a folder written by `save_to_disk`, a
+folder of data files (`datasets.load_dataset` of the folder: an image folder with one folder per class, text,
+CSV, JSON, Parquet) or a Hub name (cached locally).
 
 Text data sets need a `text` column (rows joined with newlines, then cut into windows); image data sets an
 `image` or `img` column and a `label` column. The split asked for is taken so that train, validation and test
@@ -25,6 +26,8 @@ import torch
 
 from ..errors import SymmergeError
 
+#: the files `save_to_disk` writes at a data set's top (a dictionary of splits, or one split)
+SAVED = ("dataset_dict.json", "state.json")
 #: the channel counts of grey, colour and colour-with-alpha images
 CHANNELS = (1, 3, 4)
 #: the share of a train split's rows a data set without a validation split gives as validation
@@ -94,11 +97,13 @@ def _datasets():
 
 
 def _load(datasets, name: str, split: str):
-    """The data set `name`: a folder written by `save_to_disk`, or a Hub name (refused at once when offline and
-    not cached)."""
+    """The data set `name`: a folder written by `save_to_disk`, a folder of data files `datasets` reads (images in
+    one folder per class, under a folder per split or not; text, CSV, JSON or Parquet files), or a Hub name
+    (refused at once when offline and not cached)."""
     try:
         if Path(name).is_dir():
-            return datasets.load_from_disk(name)
+            saved = any((Path(name) / f).is_file() for f in SAVED)
+            return datasets.load_from_disk(name) if saved else datasets.load_dataset(name)
         with _hub_offline_unless_reachable(datasets) as why:
             try:
                 return datasets.load_dataset(name)
