@@ -45,6 +45,11 @@ def _configs() -> dict:
         "olmo2": lambda: T.Olmo2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                        intermediate_size=40, vocab_size=61, max_position_embeddings=32, rms_norm_eps=1e-2,
                                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # OLMo-3: OLMo-2's blocks, a sliding window of 5 tokens in the first layer, the second full attention
+        "olmo3": lambda: T.Olmo3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=40, vocab_size=61, max_position_embeddings=32, rms_norm_eps=1e-2,
+                                       sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+                                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Mixtral: a mixture of 4 experts (top 2) per layer, GQA, untied
         "mixtral": lambda: T.MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                            num_key_value_heads=2, intermediate_size=24, num_local_experts=4,
@@ -120,7 +125,8 @@ def make_config(arch: str):
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
                              "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
-                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
+                             "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+                             "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]

@@ -190,12 +190,6 @@ def test_unsupported_and_symmetry_breaking(tmp_path, capsys):
     bert.save_pretrained(tmp_path / "bert")
     _expect_error(["inspect", str(tmp_path / "bert")], capsys, "post-norm", out)
 
-    olmo3 = T.Olmo3ForCausalLM(T.Olmo3Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=32, vocab_size=50, pad_token_id=None))
-    olmo3.config.architectures = ["Olmo3ForCausalLM"]
-    olmo3.save_pretrained(tmp_path / "olmo3")
-    _expect_error(["transform", str(tmp_path / "olmo3"), "-o", str(out)], capsys, "sliding-window", out)
-
     opt = T.OPTForCausalLM(T.OPTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=32,
                                        vocab_size=50, word_embed_proj_dim=16))
     opt.config.architectures = ["OPTForCausalLM"]

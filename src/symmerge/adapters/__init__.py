@@ -11,7 +11,7 @@ from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
 from .olmo import OlmoAdapter
-from .olmo2 import Olmo2Adapter
+from .olmo2 import Olmo2Adapter, Olmo3Adapter
 from .phi import PhiAdapter
 from .phi3 import Phi3Adapter
 from .qwen3 import Qwen3Adapter
@@ -19,14 +19,12 @@ from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
 for _a in (GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(),
-           Olmo2Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
+           Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 
 #: architectures whose blocks break part of the group; symmerge refuses them and says why
 BROKEN = {
-    "Olmo3ForCausalLM": "OLMo-3 adds sliding-window layers to OLMo-2's post-norms and QK-norm; not supported yet "
-    "(its group would be OLMo-2's: signed permutations of the stream, a sign per rotary pair for the QK maps)",
     "BertForMaskedLM": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
     "BertModel": "BERT is post-norm: LayerNorm sits on the residual stream itself, so no residual rotation or scale survives",
 }

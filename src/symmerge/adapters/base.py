@@ -153,24 +153,31 @@ class Adapter:
         """(inverse frequencies [rotary_dims/2], cos/sin scaling) exactly as the stock forward computes them
         (float32, from the class's own rotary module), or None without RoPE. Refused for RoPE types that
         change their frequencies with the sequence length (dynamic, longrope: Phi-3's su and yarn): no fixed
-        values to match. The group does not need them: it holds for any frequencies on the same pairs."""
+        values to match. The group does not need them: it holds for any frequencies on the same pairs. A class
+        that rotates each layer type with its own parameters (`rope_parameters` keyed by layer type: Gemma 3,
+        OLMo-3) gives its full-attention layers' frequencies; the other types rotate the same pairs, and the
+        adapters that read such configs name `rope_parameters` a function key, so two checkpoints placed by
+        these frequencies agree on every type's."""
         if not s.rotary_dims:
             return None
         import sys
 
         rope = getattr(config, "rope_parameters", None) or {}
-        kind = rope.get("rope_type", "default")
-        require("dynamic" not in kind and kind != "longrope",
-                f"rope_type {kind!r} changes its frequencies with the sequence length: no fixed frequencies to place "
-                "rotary pairs by (aligning and merging are unaffected: a QK map commutes with every rotation of a pair)")
+        per_type = [v for v in rope.values() if isinstance(v, dict)]
+        for kind in (p.get("rope_type", "default") for p in (per_type or [rope])):
+            require("dynamic" not in kind and kind != "longrope",
+                    f"rope_type {kind!r} changes its frequencies with the sequence length: no fixed frequencies to "
+                    "place rotary pairs by (aligning and merging are unaffected: a QK map commutes with every "
+                    "rotation of a pair)")
         module = sys.modules[_hf_class(s.hf_class).__module__]
         rotary = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding")]
         require(len(rotary) == 1, f"internal: {module.__name__} has {len(rotary)} rotary embedding classes")
         emb = rotary[0](config)
-        inv_freq = emb.inv_freq.detach().clone()
+        prefix = "full_attention_" if hasattr(emb, "full_attention_inv_freq") else ""
+        inv_freq = getattr(emb, f"{prefix}inv_freq").detach().clone()
         require(2 * inv_freq.numel() == s.rotary_dims,
                 f"internal: {s.hf_class} rotates {2 * inv_freq.numel()} dims, the adapter says {s.rotary_dims}")
-        return inv_freq, float(emb.attention_scaling)
+        return inv_freq, float(getattr(emb, f"{prefix}attention_scaling"))
 
     def rename(self, key: str) -> str:
         for pattern, repl in self.renames:

@@ -76,14 +76,3 @@ class GemmaAdapter(Gemma1Adapter):
 
     def mlp_from_canonical(self, params, s, i):
         return {**decoder_mlp_from_canonical(params, i), **self._norms(params, i, 1)}
-
-    def rotary_frequencies(self, config, s):
-        """Gemma 3 rotates its sliding and global layers with two RoPE bases on the same pairs: the global layers'
-        frequencies (`rope_parameters` is a function key, so two checkpoints written one in the other's shape agree
-        on both)."""
-        if s.hf_class != "Gemma3ForCausalLM":
-            return super().rotary_frequencies(config, s)
-        from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
-
-        emb = Gemma3RotaryEmbedding(config)
-        return emb.full_attention_inv_freq.detach().clone(), float(emb.full_attention_attention_scaling)

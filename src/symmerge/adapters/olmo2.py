@@ -1,4 +1,5 @@
-"""OLMo-2 (`Olmo2ForCausalLM`): post-norms, QK-norm over the whole projection, SwiGLU, RoPE, GQA.
+"""OLMo-2 (`Olmo2ForCausalLM`) and OLMo-3 (`Olmo3ForCausalLM`): post-norms, QK-norm over the whole projection,
+SwiGLU, RoPE, GQA.
 
 A block computes `x += γ_a ⊙ rms(attn(x))`, then `x += γ_m ⊙ rms(mlp(x))`: q, k, v, gate and up read
 the raw stream (nothing to fold), and each sublayer's output is normalised before it is added. The
@@ -55,3 +56,13 @@ class Olmo2Adapter(LlamaAdapter):
         sd = {**decoder_block_from_canonical(params, s, i, norm_weights=False), **qk_norm_from_canonical(params, s, i)}
         sd.update({f"{hf}.{norm}.weight": params[f"{p}.{part}.g_post"] for part, norm in POST})
         return sd
+
+
+class Olmo3Adapter(Olmo2Adapter):
+    """OLMo-3: OLMo-2's blocks and tensor names, with sliding-window attention in some layers (`layer_types`)
+    and RoPE parameters per layer type. Neither touches the group: a window masks positions, and every layer
+    type rotates the same pairs (`Adapter.rotary_frequencies` places them by the full-attention layers')."""
+
+    name = "olmo3"
+    hf_classes = ("Olmo3ForCausalLM",)
+    function_keys = ("sliding_window", "layer_types", "rope_parameters")
