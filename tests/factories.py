@@ -35,6 +35,15 @@ def _configs() -> dict:
                                            num_key_value_heads=2, head_dim=12, intermediate_size=40, vocab_size=61,
                                            max_position_embeddings=32, sliding_window=5, tie_word_embeddings=False,
                                            bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # Ministral 3: Mistral's blocks, yarn RoPE, and each query scaled by a factor of its position
+        "ministral3": lambda: T.Ministral3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, head_dim=12, intermediate_size=40, vocab_size=61,
+                                                 max_position_embeddings=64,
+                                                 rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                                  "original_max_position_embeddings": 4,
+                                                                  "llama_4_scaling_beta": 0.5, "beta_fast": 32.0,
+                                                                  "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+                                                 tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Qwen3: QK-norm, GQA, tied embeddings, head_dim independent of hidden_size / num_heads; a large eps, so
         # that the residual scale's eps update (shared with the QK-norm) shows in the logits
         "qwen3": lambda: T.Qwen3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -123,7 +132,8 @@ CLASSES = {"vit": T.ViTForImageClassification}
 def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-                             "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                             "mistral": "MistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
+                             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
                              "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",

@@ -212,7 +212,7 @@ def _refusal_cases():
         ("gpt2", vocab, "vocabularies"),
         ("gpt2", layers, "layer counts"),
         ("gpt2", gpt2_half, "wider than WIDE in d_mlp"),
-        ("llama", rope, "RoPE frequency"),
+        ("llama", rope, "differ in rope_parameters"),
         ("gpt_neox", neox, "RoPE frequency"),
         ("llama", gqa, "q_per_kv"),
         ("olmo_clip", _widened("olmo_clip", d=2), "clip_qkv"),

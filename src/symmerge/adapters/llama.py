@@ -138,9 +138,11 @@ def decoder_mlp_from_canonical(params, i: int) -> dict[str, torch.Tensor]:
 
 class LlamaAdapter(Adapter):
     name = "llama"
-    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+    #: Ministral 3 scales each query by a factor of its position (`llama_4_scaling_beta` in its RoPE parameters):
+    #: a scalar, which every QK map commutes with
+    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Ministral3ForCausalLM")
     hooks = DECODER_HOOKS
-    function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+    function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "rope_parameters")
 
     def shape(self, c) -> ModelShape:
         arch = (getattr(c, "architectures", None) or [self.hf_classes[0]])[0]
