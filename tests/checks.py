@@ -3,7 +3,7 @@
     tolerance = 1e3 · finfo(dtype).eps · max(1, max |reference|)
 
 The dtype is the precision the forward really runs in: the weights' dtype, but at most float32 for
-the stock classes whose norms compute in float32 whatever the weights' dtype (Llama, Mistral, Ministral 3,
+the stock classes whose norms compute in float32 whatever the weights' dtype (Llama, Mistral, Ministral 3, Granite,
 Qwen2, Qwen3, Mixtral, OLMoE, Qwen3-MoE, Phi-3, Gemma, OLMo-2's and OLMo-3's RMSNorm (the routers' softmax too), OLMo's LayerNorm cast to
 float32 and back). Float64 models of the other classes (GPT-2, GPT-NeoX, ViT) agree to float64
 precision, so a flat 1e-4 would be eight orders too loose.
@@ -16,7 +16,7 @@ import torch
 from factories import logits
 
 #: `config.model_type`s whose stock forward normalises in float32
-NORM_IN_FP32 = {"llama", "mistral", "ministral3", "qwen2", "qwen3", "olmo", "olmo2", "olmo3",
+NORM_IN_FP32 = {"llama", "mistral", "ministral3", "granite", "qwen2", "qwen3", "olmo", "olmo2", "olmo3",
                 "mixtral", "phi3", "olmoe", "qwen3_moe", "gemma", "gemma2",
                 "gemma3_text"}
 

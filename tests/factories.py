@@ -44,6 +44,13 @@ def _configs() -> dict:
                                                                   "llama_4_scaling_beta": 0.5, "beta_fast": 32.0,
                                                                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
                                                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # Granite: Llama's blocks with an embedding multiplier, a residual multiplier, a score multiplier in place of
+        # 1/sqrt(head_dim) and a logits divisor, each away from 1; tied
+        "granite": lambda: T.GraniteConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                           embedding_multiplier=2.0, residual_multiplier=0.9, attention_multiplier=0.6,
+                                           logits_scaling=1.25, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+                                           pad_token_id=None),
         # Qwen3: QK-norm, GQA, tied embeddings, head_dim independent of hidden_size / num_heads; a large eps, so
         # that the residual scale's eps update (shared with the QK-norm) shows in the logits
         "qwen3": lambda: T.Qwen3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -132,7 +139,7 @@ CLASSES = {"vit": T.ViTForImageClassification}
 def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-                             "mistral": "MistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
+                             "mistral": "MistralForCausalLM", "ministral3": "Ministral3ForCausalLM", "granite": "GraniteForCausalLM",
                              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",

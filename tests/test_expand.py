@@ -162,7 +162,10 @@ def _controls():
             out.append((arch, "heads", "P"))
         case = "head_dim" if "head_dim" in _cases(arch) else "d_model"
         if s.clip_qkv is None and not s.qk_norm and _changes_head(arch, case):
-            out.append((arch, case, "score_scale"))
+            wide = _widened(arch, **_cases(arch)[case])
+            adapter = adapter_for(wide)
+            if adapter.score_scale(make_config(arch), s) != adapter.score_scale(wide, adapter.shape(wide)):
+                out.append((arch, case, "score_scale"))  # Granite's is a constant of the config
             if s.rotary_dims:
                 out.append((arch, case, "head_dims"))
     return out

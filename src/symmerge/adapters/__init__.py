@@ -9,6 +9,7 @@ from .gemma import GemmaAdapter
 from .gemma1 import Gemma1Adapter
 from .gpt2 import GPT2Adapter
 from .gpt_neox import GPTNeoXAdapter
+from .granite import GraniteAdapter
 from .llama import LlamaAdapter
 from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter, Olmo3Adapter
@@ -18,8 +19,9 @@ from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(),
-           Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
+for _a in (GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(), LlamaAdapter(),
+           MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(),
+           Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 
