@@ -316,6 +316,13 @@ def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
         got = load_batches(model, f"hf:{tmp_path / 'two'}", split, 4)
         same = load_batches(model, str(tmp_path / f"{split}.txt"), "all", 4)
         assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train}), "dev": datasets.Dataset.from_dict({"text": test}),
+                          }).save_to_disk(tmp_path / "dev")  # a validation split by another name is the validation
+    for split, rows in (("train", train), ("validation", test)):
+        got = load_batches(model, f"hf:{tmp_path / 'dev'}", split, 4)
+        (tmp_path / "rows.txt").write_text("\n".join(rows))
+        same = load_batches(model, str(tmp_path / "rows.txt"), "all", 4)
+        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train})}).save_to_disk(tmp_path / "train-only")
     with pytest.raises(SymmergeError, match="has no test split \\(it has train\\)"):
         load_batches(model, f"hf:{tmp_path / 'train-only'}", "test", 4)

@@ -6,7 +6,8 @@ Text data sets need a `text` column (rows joined with newlines, then cut into wi
 `image` or `img` column and a `label` column. The split asked for is taken so that train, validation and test
 never share an item:
 
-- a `DatasetDict` gives its own split; one without a validation split but with a train split gives as
+- a `DatasetDict` gives its own split (its validation split may be named `validation`, `valid`, `val` or
+  `dev`); one without a validation split but with a train split gives as
   validation the last `VAL_SHARE` of train's rows, and as train the rows before them (as MNIST's IDX files
   are split, 5,000 of 60,000); `all` is every split, concatenated;
 - a single `Dataset` is split as a text file is (`batches.split_range`, by the caller): text by windows of its
@@ -30,6 +31,8 @@ from ..errors import SymmergeError
 SAVED = ("dataset_dict.json", "state.json")
 #: the channel counts of grey, colour and colour-with-alpha images
 CHANNELS = (1, 3, 4)
+#: the names data sets give a split, in the order they are looked for
+NAMES = {"validation": ("validation", "valid", "val", "dev")}
 #: the share of a train split's rows a data set without a validation split gives as validation
 VAL_SHARE = 1 / 12
 
@@ -71,11 +74,12 @@ def text_of(rows, name: str) -> str:
 
 
 def pick(datasets, ds, split: str, name: str):
-    """Split `split` of DatasetDict `ds`: its own, or validation cut from the end of train where it has none
-    (train then the rows before it), or every split for `all`."""
+    """Split `split` of DatasetDict `ds`: its own (a validation split under any name of `NAMES`), or validation
+    cut from the end of train where it has none (train then the rows before it), or every split for `all`."""
     if split == "all":
         return datasets.concatenate_datasets([ds[k] for k in ds])
-    cut = "validation" not in ds and "train" in ds
+    split = next((k for k in NAMES.get(split, ()) if k in ds), split)
+    cut = not any(k in ds for k in NAMES["validation"]) and "train" in ds
     if cut and split in ("train", "validation"):
         n = len(ds["train"])
         n_val = max(1, round(n * VAL_SHARE))
