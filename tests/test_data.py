@@ -353,6 +353,17 @@ def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
     (batch,) = load_batches(rgb, f"hf:{tmp_path / 'rgb-ds'}", "test", 64)
     assert batch["pixel_values"].shape == ref.shape == (5, 3, 8, 8)
     assert float((batch["pixel_values"] - ref).abs().max()) < 1e-6
+    # the same images as palette (P) and RGBA images: their pixels, not the palette's indices or the alpha
+    for mode in ("P", "RGBA"):
+        stored = [Image.fromarray(c).convert(mode) for c in colour]
+        datasets.DatasetDict({"test": datasets.Dataset.from_dict({"img": stored, "label": [1, 2, 3, 4, 5]},
+                                                                 features=datasets.Features({"img": datasets.Image(),
+                                                                                             "label": datasets.Value("int64")}))}
+                             ).save_to_disk(tmp_path / f"rgb-{mode}")
+        (got,) = load_batches(rgb, f"hf:{tmp_path / f'rgb-{mode}'}", "test", 64)
+        want = proc(images=[np.asarray(im.convert("RGB")) for im in stored], return_tensors="pt",
+                    input_data_format="channels_last")["pixel_values"]
+        assert float((got["pixel_values"] - want).abs().max()) < 1e-6, mode
     assert float((batch["pixel_values"] - ref.transpose(-1, -2)).abs().max()) > 0.1  # negative control: H and W swapped
     # a folder of image files, one folder per class under one per split: the label is the class folder's
     for split, n in (("train", 12), ("test", 4)):

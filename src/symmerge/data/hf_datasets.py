@@ -31,6 +31,9 @@ from ..errors import SymmergeError
 SAVED = ("dataset_dict.json", "state.json")
 #: the channel counts of grey, colour and colour-with-alpha images
 CHANNELS = (1, 3, 4)
+#: PIL modes whose arrays are not pixel values (a palette's indices, an alpha channel, ...), and what they become:
+#: grey or colour, as stock image processors convert them
+CONVERT = {"1": "L", "LA": "L", "P": "RGB", "PA": "RGB", "RGBA": "RGB", "CMYK": "RGB", "YCbCr": "RGB", "HSV": "RGB"}
 #: the names data sets give a split, in the order they are looked for
 NAMES = {"validation": ("validation", "valid", "val", "dev")}
 #: the share of a train split's rows a data set without a validation split gives as validation
@@ -55,7 +58,7 @@ def image_arrays(rows, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     missing = [c for c in (col, "label") if c not in rows.column_names]
     if missing:
         raise SymmergeError(f"dataset {name} has no {' or '.join(missing)} column (columns: {rows.column_names})")
-    arrays = [np.asarray(im, dtype=np.float32) for im in rows[col]]
+    arrays = [np.asarray(_pixels(im), dtype=np.float32) for im in rows[col]]
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
         raise SymmergeError(f"dataset {name}'s images differ in size ({shapes[0]}, {shapes[-1]}, ...); give images of "
@@ -64,6 +67,12 @@ def image_arrays(rows, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     if x.ndim == 4 and x.shape[-1] in CHANNELS and x.shape[1] not in CHANNELS:
         x = x.permute(0, 3, 1, 2)
     return x, torch.as_tensor(rows["label"], dtype=torch.int64)
+
+
+def _pixels(image):
+    """A PIL image in a mode whose array holds its pixel values (`CONVERT`); anything else as it is."""
+    mode = getattr(image, "mode", None)
+    return image.convert(CONVERT[mode]) if mode in CONVERT else image
 
 
 def text_of(rows, name: str) -> str:
