@@ -38,7 +38,7 @@ def _configs() -> dict:
         # Ministral 3: Mistral's blocks, yarn RoPE, and each query scaled by a factor of its position
         "ministral3": lambda: T.Ministral3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                  num_key_value_heads=2, head_dim=12, intermediate_size=40, vocab_size=61,
-                                                 max_position_embeddings=64,
+                                                 max_position_embeddings=16,
                                                  rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                                                   "original_max_position_embeddings": 4,
                                                                   "llama_4_scaling_beta": 0.5, "beta_fast": 32.0,
