@@ -45,7 +45,7 @@ def neox_buffers_optional(monkeypatch):
     monkeypatch.setitem(NAME_TO_ARCH, "GPTNeoXForCausalLM", [_load_architecture_json(json.dumps(data))])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi", "granite", "ministral3", "olmo3"])
 def test_mergekit_linear_is_interpolate(tmp_path, arch, neox_buffers_optional):
     a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
     make_model(arch, seed=0, dtype=torch.float32).save_pretrained(a)
