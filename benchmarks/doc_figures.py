@@ -43,7 +43,7 @@ def _mean(row: str) -> Mean:
 
 #: the default_many records whose default run (eight epochs) is not measured yet: the pages quote the earlier
 #: default's (`--epochs 4 --extend 2`) and say so
-EARLIER = {"gpt2-width", "llama-width"}
+EARLIER = {"llama-width"}
 
 
 def _many_key(key: str) -> str:
