@@ -44,7 +44,7 @@ from .blockwise import BlockwiseForward, PartFn
 from .frozen import Frozen, fill
 from .learn_config import DTYPES, LearnConfig
 from .learn_loop import Result, Run
-from .learn_state import continues, load_plan, save_plan
+from .learn_state import resume_point, save_plan
 from .learner import Slot, eps_scale, lap, prepare, select, trainables
 from .lr_search import run_rate
 from .objectives import SimplexObjective
@@ -206,8 +206,7 @@ def learn_many(models: list, weights: list[float], train: list[dict], val: list[
     if init is not None:
         init = [group.broadcast(g) for g in init]
     learner = ManyLearner(models, cfg, init, weights, val_points)
-    saved = load_plan(checkpoint) if resume and checkpoint is not None else None  # saved before the first checkpoint
-    resume = continues(checkpoint, resume)
+    saved, resume = resume_point(checkpoint, resume)
     lr, search = run_rate(learner, train, val, cfg, saved)  # "auto": chosen once, a resumed run takes its plan's
     learner.cfg = cfg = replace(cfg, lr=lr)
     if search is not None and checkpoint is not None and saved is None:

@@ -55,36 +55,42 @@ def has_state(folder) -> bool:
     return (folder / META).is_file() and (folder / TENSORS).is_file()
 
 
-def continues(folder, resume: bool) -> bool:
-    """Whether a run asked to `resume` continues a checkpoint in `folder`, the same answer on every process. A
-    folder left by a run stopped before its first checkpoint (its plan alone) is not one: that run starts again
-    from step 0 with the saved plan, which is the uninterrupted run (batches and λ draws depend on (seed, step)
-    alone); so does every process when one of them finds no checkpoint in its folder. A folder that does not
-    exist is refused on every process (`outputs.open_checkpoint` refuses it before any work)."""
+def no_checkpoint(folder) -> SymmergeError:
+    """The error of a resume that finds no checkpoint in `folder`."""
+    return SymmergeError(f"no learned-matching checkpoint in {folder}; run without --resume to start one")
+
+
+def resume_point(folder, resume: bool) -> tuple[dict | None, bool]:
+    """(the plan a run asked to `resume` saved in `folder`, or None; whether it continues a checkpoint there), the
+    same answer on every process. A folder left by a run stopped before its first checkpoint (its plan alone)
+    holds none: that run starts again from step 0 with the saved plan, which is the uninterrupted run (batches
+    and λ draws depend on (seed, step) alone); so does every process when one of them finds no checkpoint in its
+    folder. A folder that does not exist is refused on every process (`outputs.open_checkpoint` refuses it
+    before any work)."""
     if not resume:
-        return False
+        return None, False
     group = distributed.current()
 
     def exists():
         if folder is None:
             raise SymmergeError("--resume needs a checkpoint folder")
         if not Path(folder).is_dir():
-            raise SymmergeError(f"no learned-matching checkpoint in {folder}; run without --resume to start one")
+            raise no_checkpoint(folder)
 
     group.agree(exists)
+    plan = load_plan(folder)
     if all(bool(t["found"]) for t in group.gather({"found": torch.tensor(has_state(folder))})):
-        return True
+        return plan, True
     if group.main:
-        plan = " with its saved plan" if (Path(folder) / PLAN).is_file() else ""
-        print(f"{folder} holds no checkpoint yet (its run stopped before the first): starting from step 0{plan}",
-              flush=True)
-    return False
+        print(f"{folder} holds no checkpoint yet (its run stopped before the first): starting from step 0"
+              f"{'' if plan is None else ' with its saved plan'}", flush=True)
+    return plan, False
 
 
 def load_state(folder) -> tuple[dict[str, torch.Tensor], dict]:
     folder = Path(folder)
     if not has_state(folder):
-        raise SymmergeError(f"no learned-matching checkpoint in {folder}; run without --resume to start one")
+        raise no_checkpoint(folder)
     meta = json.loads((folder / META).read_text())
     if meta.get("format") != FORMAT:
         raise SymmergeError(f"{folder} holds a checkpoint of format {meta.get('format')}, expected {FORMAT}")
@@ -99,7 +105,6 @@ def check_settings(saved: dict, current: dict, folder) -> None:
         k, (old, new) = next(iter(diff.items()))
         raise SymmergeError(f"the checkpoint in {folder} was made with {k}={old!r}, not {new!r}; "
                             "resume with the same settings or start a new run")
-
 
 
 def save_plan(folder, plan: dict) -> None:

@@ -51,7 +51,7 @@ from .learn_config import LearnConfig
 from .learn_loop import Result, Run
 from .learn_plan import make_plan, resolved
 from .learn_report import after_best, best_se, end_line
-from .learn_state import continues, load_plan, save_plan
+from .learn_state import resume_point, save_plan
 from .learner import Learner
 
 
@@ -74,8 +74,7 @@ def learn(a: Model, b: Model, train: list[dict], val: list[dict], cfg: LearnConf
         init = group.broadcast(init)
     release_freed_heap()  # what the data and the weight-matching start freed, before the frozen stores are kept
     learner = Learner(a, b, cfg, init)
-    saved = load_plan(checkpoint) if resume and checkpoint is not None else None  # saved before the first checkpoint
-    resume = continues(checkpoint, resume)
+    saved, resume = resume_point(checkpoint, resume)
     plan = make_plan(learner, train, val, cfg, saved)
     learner.cfg = resolved(cfg, plan)
     if checkpoint is not None and saved is None:  # a resumed run keeps the plan it saved

@@ -17,6 +17,7 @@ from ..store.io import AtomicFolder, prepare_output
 from ..store.model import Model, in_memory, save_model
 from .file_forward import FileForward
 from .learn_loop import Result
+from .learn_state import no_checkpoint
 
 
 def write_element(model, g: dict, out, force: bool = False, extra: dict | None = None, gauge=None, side=None,
@@ -108,7 +109,7 @@ def open_checkpoint(out, force: bool = False, resume: bool = False) -> Path:
     prepare_output(out, force)  # fail before any work
     ckpt = checkpoint_folder(out)
     if resume and not ckpt.is_dir():
-        raise SymmergeError(f"no learned-matching checkpoint in {ckpt}; run without --resume to start one")
+        raise no_checkpoint(ckpt)
     if not resume and ckpt.exists():
         if not force:
             raise SymmergeError(f"{ckpt} holds an unfinished run; pass --resume to continue it or --force to start over")
