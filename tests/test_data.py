@@ -286,7 +286,19 @@ def test_hf_datasets_optional(tmp_path, text):
     # the same text from a file, taken whole, gives the same windows
     (tmp_path / "joined.txt").write_text("\n".join(text.split("\n")))
     same = load_batches(model, str(tmp_path / "joined.txt"), "all", 4)
-    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, same, strict=True))
+    assert _same_windows(batches, same)
+
+
+def _same_windows(got: list[dict], same: list[dict]) -> bool:
+    """Two lists of text batches hold the same windows, batch by batch."""
+    return all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True))
+
+
+def _pil_test_split(datasets, images: list, path: Path) -> None:
+    """A DatasetDict with one test split of PIL `images` (labels 1, 2, ...) saved to `path`."""
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.Value("int64")})
+    rows = {"img": images, "label": list(range(1, len(images) + 1))}
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(path)
 
 
 def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
@@ -305,7 +317,7 @@ def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
     for split in ("train", "validation", "test", "all"):
         got = load_batches(model, f"hf:{tmp_path / 'one'}", split, 4)
         same = load_batches(model, str(tmp_path / "one.txt"), split, 4)
-        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
+        assert _same_windows(got, same), split
     train, test = lines[: len(lines) * 3 // 4], lines[len(lines) * 3 // 4:]
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train}),
                           "test": datasets.Dataset.from_dict({"text": test})}).save_to_disk(tmp_path / "two")
@@ -315,14 +327,14 @@ def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
         (tmp_path / f"{split}.txt").write_text("\n".join(rows))
         got = load_batches(model, f"hf:{tmp_path / 'two'}", split, 4)
         same = load_batches(model, str(tmp_path / f"{split}.txt"), "all", 4)
-        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
+        assert _same_windows(got, same), split
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train}), "dev": datasets.Dataset.from_dict({"text": test}),
                           }).save_to_disk(tmp_path / "dev")  # a validation split by another name is the validation
     for split, rows in (("train", train), ("validation", test)):
         got = load_batches(model, f"hf:{tmp_path / 'dev'}", split, 4)
         (tmp_path / "rows.txt").write_text("\n".join(rows))
         same = load_batches(model, str(tmp_path / "rows.txt"), "all", 4)
-        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, same, strict=True)), split
+        assert _same_windows(got, same), split
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": train})}).save_to_disk(tmp_path / "train-only")
     with pytest.raises(SymmergeError, match="has no test split \\(it has train\\)"):
         load_batches(model, f"hf:{tmp_path / 'train-only'}", "test", 4)
@@ -343,28 +355,21 @@ def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
 
     rgb = vit_folder(tmp_path / "rgb", resize=False, channels=3)
     colour = rng.integers(0, 256, (5, 8, 8, 3)).astype(np.uint8)
-    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"img": [Image.fromarray(c) for c in colour],
-                                                              "label": [1, 2, 3, 4, 5]},
-                                                             features=datasets.Features({"img": datasets.Image(),
-                                                                                         "label": datasets.Value("int64")}))}
-                         ).save_to_disk(tmp_path / "rgb-ds")
+    _pil_test_split(datasets, [Image.fromarray(c) for c in colour], tmp_path / "rgb-ds")
     proc = T.ViTImageProcessor(**{k: v for k, v in read_processor_config(rgb).items() if k != "image_processor_type"})
     ref = proc(images=list(colour), return_tensors="pt", input_data_format="channels_last")["pixel_values"]
     (batch,) = load_batches(rgb, f"hf:{tmp_path / 'rgb-ds'}", "test", 64)
     assert batch["pixel_values"].shape == ref.shape == (5, 3, 8, 8)
     assert float((batch["pixel_values"] - ref).abs().max()) < 1e-6
+    assert float((batch["pixel_values"] - ref.transpose(-1, -2)).abs().max()) > 0.1  # negative control: H and W swapped
     # the same images as palette (P) and RGBA images: their pixels, not the palette's indices or the alpha
     for mode in ("P", "RGBA"):
         stored = [Image.fromarray(c).convert(mode) for c in colour]
-        datasets.DatasetDict({"test": datasets.Dataset.from_dict({"img": stored, "label": [1, 2, 3, 4, 5]},
-                                                                 features=datasets.Features({"img": datasets.Image(),
-                                                                                             "label": datasets.Value("int64")}))}
-                             ).save_to_disk(tmp_path / f"rgb-{mode}")
+        _pil_test_split(datasets, stored, tmp_path / f"rgb-{mode}")
         (got,) = load_batches(rgb, f"hf:{tmp_path / f'rgb-{mode}'}", "test", 64)
         want = proc(images=[np.asarray(im.convert("RGB")) for im in stored], return_tensors="pt",
                     input_data_format="channels_last")["pixel_values"]
         assert float((got["pixel_values"] - want).abs().max()) < 1e-6, mode
-    assert float((batch["pixel_values"] - ref.transpose(-1, -2)).abs().max()) > 0.1  # negative control: H and W swapped
     # a folder of image files, one folder per class under one per split: the label is the class folder's
     for split, n in (("train", 12), ("test", 4)):
         for k, cls in enumerate(("cat", "dog")):
