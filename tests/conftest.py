@@ -90,3 +90,12 @@ def half_rows(dist_pair, tmp_path_factory):
     """The same command on half of each batch (what the first of two processes would take without the
     all-reduce), in this one process: the multi-process tests' negative control."""
     return _one_process(dist_pair, tmp_path_factory.mktemp("half-rows"), "--batch-size", "2")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker takes one of the machine's cores: one torch thread per worker, so that
+    two workers do not share two cores among four threads."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
