@@ -1,10 +1,12 @@
-"""Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`): RMSNorm, SwiGLU, RoPE, GQA.
+"""Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `SeedOssForCausalLM`...): RMSNorm,
+SwiGLU, RoPE, GQA.
 
 RMSNorm does not centre, so the full O(d) acts on the residual stream and writers are left as they
 are; its weight folds into q, k, v (input norm), gate and up (post-attention norm) and the LM head
 (final norm). GQA: query head h uses KV head h // q_per_kv (HF's `repeat_kv`), so a KV head and its
 query heads move together and share their QK and OV maps. RoPE is `rotate_half` over the whole head.
-Biases: Llama's `attention_bias`/`mlp_bias` config flags, Qwen2's fixed q/k/v biases; whatever the
+Biases: Llama's `attention_bias`/`mlp_bias` config flags, Qwen2's fixed q/k/v biases, Seed-OSS's separate
+`attention_bias` (q, k, v) and `attention_out_bias` (o); whatever the
 checkpoint holds is read, and the export writes exactly the tensors the HF class expects.
 """
 
@@ -140,7 +142,9 @@ class LlamaAdapter(Adapter):
     name = "llama"
     #: Ministral 3 scales each query by a factor of its position (`llama_4_scaling_beta` in its RoPE parameters):
     #: a scalar, which every QK map commutes with
-    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Ministral3ForCausalLM")
+    #: Seed-OSS: Llama's blocks with q/k/v biases apart from the output projection's and a residual dropout (a
+    #: training-time noise: every symmerge forward runs the model in eval mode)
+    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Ministral3ForCausalLM", "SeedOssForCausalLM")
     hooks = DECODER_HOOKS
     function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "rope_parameters")
 
