@@ -35,6 +35,12 @@ def _configs() -> dict:
                                             head_dim=12, intermediate_size=40, vocab_size=61, max_position_embeddings=32,
                                             attention_bias=True, attention_out_bias=True, residual_dropout=0.1,
                                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # SmolLM3: no RoPE on every second layer (the stock default is every fourth, which two layers would not
+        # reach), a sliding window on those layers
+        "smollm3": lambda: T.SmolLM3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                           no_rope_layer_interval=2, use_sliding_window=True, sliding_window=5,
+                                           tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Mistral: GQA, a sliding window shorter than the test sequences (12 tokens), and a head_dim that
         # is not hidden_size / num_attention_heads (q_proj is 48 x 32)
         "mistral": lambda: T.MistralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -146,7 +152,8 @@ def make_config(arch: str):
     config = _configs()[arch]()
     config.architectures = [{"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
                              "mistral": "MistralForCausalLM", "ministral3": "Ministral3ForCausalLM", "granite": "GraniteForCausalLM",
-                             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "seed_oss": "SeedOssForCausalLM",
+                             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                             "seed_oss": "SeedOssForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
                              "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",

@@ -144,9 +144,13 @@ class LlamaAdapter(Adapter):
     #: a scalar, which every QK map commutes with
     #: Seed-OSS: Llama's blocks with q/k/v biases apart from the output projection's and a residual dropout (a
     #: training-time noise: every symmerge forward runs the model in eval mode)
-    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Ministral3ForCausalLM", "SeedOssForCausalLM")
+    #: SmolLM3: Llama's blocks with RoPE left out on some layers (`no_rope_layers`, every fourth by default), where
+    #: the exact QK group is every invertible map of the head; RoPE's subgroup, used on every layer, is a subgroup there
+    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Ministral3ForCausalLM", "SeedOssForCausalLM",
+                  "SmolLM3ForCausalLM")
     hooks = DECODER_HOOKS
-    function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "rope_parameters")
+    function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "rope_parameters",
+                     "no_rope_layers")
 
     def shape(self, c) -> ModelShape:
         arch = (getattr(c, "architectures", None) or [self.hf_classes[0]])[0]
