@@ -383,6 +383,9 @@ def test_hf_splits_never_share_an_item(tmp_path, text, monkeypatch):
     datasets.Dataset.from_dict({"image": list(imgs[:20]), "label": labels[:20]}).save_to_disk(tmp_path / "img-one")
     sizes = [len(load_batches(vit, f"hf:{tmp_path / 'img-one'}", s, 64)[0]["labels"]) for s in ("train", "validation", "test")]
     assert sizes == [18, 1, 1]  # 90/5/5 of 20 rows, as a text file's windows
+    datasets.Dataset.from_dict({"image": list(imgs[:2]), "label": labels[:2]}).save_to_disk(tmp_path / "img-two")
+    with pytest.raises(SymmergeError, match=r"has only 2 images; .* \(use more images, or --split all\)"):
+        load_batches(vit, f"hf:{tmp_path / 'img-two'}", "test", 64)
 
 
 def test_cli_eval_prints_and_writes_json(tmp_path, text, text_file, capsys):

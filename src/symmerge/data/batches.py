@@ -49,15 +49,20 @@ def read_text(path: str | Path) -> str:
     return text
 
 
-def split_range(n: int, split: str) -> tuple[int, int]:
-    """[start, stop) of `split` among n windows: contiguous 90/5/5, each part at least one window."""
+#: what `split_range` counts: a text's windows, unless the caller names its items and how to get more
+TEXT_ITEMS = ("the text gives only {n} windows", "a longer text, a smaller --seq-len")
+
+
+def split_range(n: int, split: str, items: tuple[str, str] = TEXT_ITEMS) -> tuple[int, int]:
+    """[start, stop) of `split` among n items (windows of a text, rows of a data set): contiguous 90/5/5, each
+    part at least one item. `items`: (what n counts, with `{n}`; how to get more), for the too-short message."""
     if split not in SPLITS:
         raise SymmergeError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if split == "all":
         return 0, n
     if n < 3:
-        raise SymmergeError(f"the text gives only {n} windows; it needs at least 3 for train/validation/test "
-                            "(use a longer text, a smaller --seq-len, or --split all)")
+        what, more = items
+        raise SymmergeError(f"{what.format(n=n)}; it needs at least 3 for train/validation/test (use {more}, or --split all)")
     n_val = max(1, round(n * TEXT_SPLIT[1]))
     n_test = max(1, round(n * TEXT_SPLIT[2]))
     bounds = {"train": (0, n - n_val - n_test), "validation": (n - n_val - n_test, n - n_test), "test": (n - n_test, n)}
@@ -173,7 +178,7 @@ def _hf_items(model_dir: Path, config, name: str, split: str, seq_len: int | Non
     rows, single = hf_rows(name, split)
     if is_vision(config):
         if single:
-            rows = rows.select(range(*split_range(len(rows), split)))
+            rows = rows.select(range(*split_range(len(rows), split, (f"{name} has only {{n}} images", "more images"))))
         x, y = image_arrays(rows, name)
         cfg = read_processor_config(model_dir)
         return {"pixel_values": preprocess(x, cfg, int(config.image_size), int(config.num_channels)), "labels": y}
