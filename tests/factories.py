@@ -78,6 +78,12 @@ def _configs() -> dict:
                                        intermediate_size=40, vocab_size=61, max_position_embeddings=32, rms_norm_eps=1e-2,
                                        sliding_window=5, layer_types=["sliding_attention", "full_attention"],
                                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # EXAONE 4: OLMo-2's post-norms with a QK-norm per head; the first layer a sliding window with RoPE, the second
+        # full attention without RoPE; a large eps
+        "exaone4": lambda: T.Exaone4Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=12, intermediate_size=40, vocab_size=61, max_position_embeddings=32,
+                                           rms_norm_eps=1e-2, sliding_window=5, sliding_window_pattern=2,
+                                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Mixtral: a mixture of 4 experts (top 2) per layer, GQA, untied
         "mixtral": lambda: T.MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                            num_key_value_heads=2, intermediate_size=24, num_local_experts=4,
@@ -156,6 +162,7 @@ def make_config(arch: str):
                              "seed_oss": "SeedOssForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                              "mixtral": "MixtralForCausalLM",
                              "olmo": "OlmoForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+                             "exaone4": "Exaone4ForCausalLM",
                              "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",

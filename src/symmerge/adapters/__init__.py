@@ -12,14 +12,14 @@ from .gpt_neox import GPTNeoXAdapter
 from .granite import GraniteAdapter
 from .llama import LlamaAdapter
 from .olmo import OlmoAdapter
-from .olmo2 import Olmo2Adapter, Olmo3Adapter
+from .olmo2 import Exaone4Adapter, Olmo2Adapter, Olmo3Adapter
 from .phi import PhiAdapter
 from .phi3 import Phi3Adapter
 from .qwen3 import Qwen3Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(), LlamaAdapter(),
+for _a in (Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(), LlamaAdapter(),
            MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(),
            Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:

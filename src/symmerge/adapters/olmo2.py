@@ -1,5 +1,5 @@
 """OLMo-2 (`Olmo2ForCausalLM`) and OLMo-3 (`Olmo3ForCausalLM`): post-norms, QK-norm over the whole projection,
-SwiGLU, RoPE, GQA.
+SwiGLU, RoPE, GQA; EXAONE 4 (`Exaone4ForCausalLM`): the same blocks with a QK-norm per head.
 
 A block computes `x += γ_a ⊙ rms(attn(x))`, then `x += γ_m ⊙ rms(mlp(x))`: q, k, v, gate and up read
 the raw stream (nothing to fold), and each sublayer's output is normalised before it is added. The
@@ -66,3 +66,18 @@ class Olmo3Adapter(Olmo2Adapter):
     name = "olmo3"
     hf_classes = ("Olmo3ForCausalLM",)
     function_keys = ("sliding_window", "layer_types", "rope_parameters")
+
+
+class Exaone4Adapter(Olmo3Adapter):
+    """EXAONE 4: OLMo-2's blocks and tensor names with Qwen3's QK-norm (per head, one weight of length d_head), sliding-
+    window layers with RoPE and full-attention layers without it (`sliding_window_pattern`, `layer_types`).
+
+    The QK maps are RoPE's under a per-head QK-norm on every layer: a sign per rotary pair. On the layers without
+    RoPE the exact group allows a sign per dimension, of which that is a subgroup."""
+
+    name = "exaone4"
+    hf_classes = ("Exaone4ForCausalLM",)
+    function_keys = ("sliding_window", "sliding_window_pattern", "layer_types", "rope_parameters")
+
+    def shape(self, c):
+        return dataclasses.replace(super().shape(c), qk_norm="head")
