@@ -7,7 +7,8 @@ and of the plain pair on the test split (11 points, 55 batches of 16 windows). A
 exists is not run again (its report is read) and an interrupted dual run is continued from its last state,
 so an interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread.
 `--epochs E` and `--extend X` run the same command with that length (a length given fixes it unless
-`--extend` is given too), recorded as NAME-epochsE[-extendX].
+`--extend` is given too), recorded as NAME-epochsE[-extendX]; `--lam-sampling S` with that λ sampling, recorded
+as NAME-lam-samplingS.
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
@@ -53,37 +54,46 @@ def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | Non
 
 
 @dataclass(frozen=True)
-class Length:
-    """A learned or dual run's length flags: none given is the default recipe's length (`Length()`)."""
+class Variant:
+    """The flags a benchmark run adds to the default `align --method dual` / `merge --method dual`: the length
+    (`--epochs`, `--extend`) and the λ sampling (`--lam-sampling`); none given is the default recipe (`Variant()`)."""
 
     epochs: float | None = None
     extend: float | None = None
+    lam_sampling: str | None = None
 
-    def _given(self) -> list[tuple[str, float]]:
-        return [(k, v) for k, v in (("epochs", self.epochs), ("extend", self.extend)) if v is not None]
+    def _given(self) -> list[tuple[str, str]]:
+        values = (("epochs", self.epochs), ("extend", self.extend), ("lam-sampling", self.lam_sampling))
+        return [(k, v if isinstance(v, str) else f"{v:g}") for k, v in values if v is not None]
 
     def flags(self) -> list[str]:
-        """The run's flags: `--epochs E` and `--extend X` where given."""
-        return [x for k, v in self._given() for x in (f"--{k}", f"{v:g}")]
+        """The run's flags: `--epochs E`, `--extend X` and `--lam-sampling S` where given."""
+        return [x for k, v in self._given() for x in (f"--{k}", v)]
 
     def suffix(self) -> str:
-        """The label's ending: `-epochsE-extendX` for what is given, nothing for the default."""
-        return "".join(f"-{k}{v:g}" for k, v in self._given())
+        """The label's ending: `-epochsE-extendX-lam-samplingS` for what is given, nothing for the default."""
+        return "".join(f"-{k}{v}" for k, v in self._given())
 
     def words(self) -> str:
         """A record title's ending: ' with --epochs E --extend X', nothing for the default."""
         return f" with {' '.join(self.flags())}" if self._given() else ""
 
 
-#: the default recipe's length
-DEFAULT_LENGTH = Length()
+#: the default recipe
+DEFAULT = Variant()
 
 
-def add_length(ap: argparse.ArgumentParser, what: str) -> None:
-    """`--epochs` and `--extend` for the dual runs of a benchmark whose records are labelled `what`."""
+def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
+    """`--epochs`, `--extend` and `--lam-sampling` for the dual runs of a benchmark whose records are labelled `what`."""
     ap.add_argument("--epochs", type=float, default=None, help=f"the dual runs' --epochs instead of the default "
                     f"recipe's (records {what}-epochsE)")
     ap.add_argument("--extend", type=float, default=None, help="the dual runs' --extend")
+    ap.add_argument("--lam-sampling", default=None, help="the dual runs' --lam-sampling (records ...-lam-samplingS)")
+
+
+def parse_variant(args: argparse.Namespace) -> Variant:
+    """The `Variant` of a benchmark's parsed `add_variant` flags."""
+    return Variant(args.epochs, args.extend, args.lam_sampling)
 
 
 def test_args(vision: bool) -> list[str]:
@@ -101,15 +111,15 @@ def learning_columns(r: dict, rate: float, start: float, best: float) -> list[st
 
 
 def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str], seeds=(0, 1),
-            length: Length = DEFAULT_LENGTH) -> list[str]:
-    """The row of pair `name`: `length` sets the dual run's length flags (the one thing this benchmark varies;
+            variant: Variant = DEFAULT) -> list[str]:
+    """The row of pair `name`: `variant` sets the dual run's added flags (the one thing this benchmark varies;
     the plain barrier is the pair's, shared with the default run's)."""
     (a, _), (b, _) = pairs.commands(name, seeds, runs, data_root)
     data = pairs.data_of(name, data_root)
     barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
-    pair, label = pair_label(name, seeds), pair_label(name, seeds, length)
+    pair, label = pair_label(name, seeds), pair_label(name, seeds, variant)
     out, rep = work / label, work / f"{label}.json"
-    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *length.flags(),
+    symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *variant.flags(),
               "--json", str(rep)], rep, commands, learns=out)
     for kind, x, y, at in (("dual", out / "A", out / "B", label), ("plain", a, b, pair)):
         symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{at}-{kind}.json")],
@@ -122,11 +132,11 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
             *learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
 
-def pair_label(name: str, seeds, length: Length = DEFAULT_LENGTH) -> str:
+def pair_label(name: str, seeds, variant: Variant = DEFAULT) -> str:
     """The pair's name in tables and file names: the pairs.py name, with its seeds where they are not 0 and 1
-    and the length flags where they are given."""
+    and the variant's flags where they are given."""
     label = name if tuple(seeds) == (0, 1) else f"{name}-seeds{seeds[0]}{seeds[1]}"
-    return label + length.suffix()
+    return label + variant.suffix()
 
 
 def parse(ap: argparse.ArgumentParser, name: str, work: str) -> tuple[argparse.Namespace, Path]:
@@ -145,16 +155,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="+", help="pairs.py names, each trained at the two --seeds")
     ap.add_argument("--seeds", default="0,1", help="the pair's two training seeds (default 0,1)")
-    add_length(ap, "NAME")
+    add_variant(ap, "NAME")
     args, work = parse(ap, "default_dual", "runs/default-dual")
     seeds = tuple(int(x) for x in args.seeds.split(","))
-    length = Length(args.epochs, args.extend)
+    variant = parse_variant(args)
     for name in args.names:
         commands: list[str] = []
-        row = measure(name, args.runs, args.data_root, work, commands, seeds, length)
+        row = measure(name, args.runs, args.data_root, work, commands, seeds, variant)
         print(row, flush=True)
-        key = pair_label(name, seeds, length)
-        record.save(args.results, "default_dual", key, f"{key}: the default align --method dual{length.words()}",
+        key = pair_label(name, seeds, variant)
+        record.save(args.results, "default_dual", key, f"{key}: the default align --method dual{variant.words()}",
                     [record.table(name, COLUMNS, [row])], commands=[record.command(), *commands],
                     notes="test-loss barriers in nats per character (ViT: per image); validation barrier from the "
                           "run's report (its 11-point grid on the validation split)")

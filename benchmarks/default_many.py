@@ -52,18 +52,18 @@ def _read(path: Path) -> dict:
 
 
 def many(family: str, runs: str, data_root: str, work: Path, commands: list[str],
-         length: default_dual.Length = default_dual.DEFAULT_LENGTH) -> list[str]:
-    """Four models: plain, weight and default dual merges' test excess (average; simplex); `length`: the dual
-    merge's length flags (its outputs labelled with them; the plain and weight rows are shared)."""
+         variant: default_dual.Variant = default_dual.DEFAULT) -> list[str]:
+    """Four models: plain, weight and default dual merges' test excess (average; simplex); `variant`: the dual
+    merge's added flags (its outputs labelled with them; the plain and weight rows are shared)."""
     name, _, data_file = FAMILIES[family]
     models = [folder for folder, _ in pairs.commands(name, SEEDS, runs, data_root)]
     data = f"{data_root}/{data_file}"
     test = [*default_dual.test_args(family == "vit"), "--points", "5", "--simplex-points", "8", "--seed", "0"]
-    rows, dual = {}, f"dual{length.suffix()}"
+    rows, dual = {}, f"dual{variant.suffix()}"
     for method, label in (("weight", "weight"), ("dual", dual)):
         out, aligned, rep = work / f"{family}-many-{label}", work / f"{family}-many-{label}-aligned", \
             work / f"{family}-many-{label}.json"
-        flags = ["--data", data, *length.flags()] if method == "dual" else []
+        flags = ["--data", data, *variant.flags()] if method == "dual" else []
         default_dual.symmerge(["merge", *models, "-o", str(out), "--aligned", str(aligned), "--method", method,
                                *flags, "--json", str(rep)], rep, commands, learns=out if method == "dual" else None)
         rows[label] = [str(aligned / str(i + 1)) for i in range(len(models))]
@@ -82,25 +82,25 @@ def many(family: str, runs: str, data_root: str, work: Path, commands: list[str]
 
     r = _read(work / f"{family}-many-{dual}.json")
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [f"4 {family} ({name}, seeds 0-3){length.suffix()}", cell("plain"), cell("weight"), cell(dual),
+    return [f"4 {family} ({name}, seeds 0-3){variant.suffix()}", cell("plain"), cell("weight"), cell(dual),
             *default_dual.learning_columns(r, r["settings"]["lr"], r["objective_before"], best["objective"])]
 
 
 def width(family: str, runs: str, data_root: str, work: Path, commands: list[str],
-          length: default_dual.Length = default_dual.DEFAULT_LENGTH) -> list[str]:
-    """The width pair: the bare expansion's, weight matching's and the default dual's test barrier; `length`:
-    the dual run's length flags (as in `many`)."""
+          variant: default_dual.Variant = default_dual.DEFAULT) -> list[str]:
+    """The width pair: the bare expansion's, weight matching's and the default dual's test barrier; `variant`:
+    the dual run's added flags (as in `many`)."""
     name, wide, data_file = FAMILIES[family]
     (narrow, _), = pairs.commands(name, (0,), runs, data_root)
     (big, _), = pairs.commands(wide, (1,), runs, data_root)
     data = f"{data_root}/{data_file}"
-    label = f"dual{length.suffix()}"
+    label = f"dual{variant.suffix()}"
     bare, weight, dual = work / f"{family}-width-bare", work / f"{family}-width-weight", work / f"{family}-width-{label}"
     rep = work / f"{family}-width-{label}.json"
     default_dual.symmerge(["expand", narrow, "--like", big, "-o", str(bare)], bare, commands)
     default_dual.symmerge(["align", narrow, big, "-o", str(weight), "--method", "weight"], weight, commands)
     default_dual.symmerge(["align", narrow, big, "-o", str(dual), "--method", "dual", "--data", data,
-                           *length.flags(), "--json", str(rep)], rep, commands, learns=dual)
+                           *variant.flags(), "--json", str(rep)], rep, commands, learns=dual)
     got = {}
     for row, at, (x, y) in (("bare", "bare", (bare, big)), ("weight", "weight", (bare, weight)),
                             ("dual", label, (dual / "A", dual / "B"))):  # row name, file label, the pair
@@ -110,7 +110,7 @@ def width(family: str, runs: str, data_root: str, work: Path, commands: list[str
         got[row] = _read(js)["barrier"]
     r = _read(rep)
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
-    return [f"{family}: seed 0 into {wide} seed 1{length.suffix()}", f"{got['bare']:.4f}",
+    return [f"{family}: seed 0 into {wide} seed 1{variant.suffix()}", f"{got['bare']:.4f}",
             f"{got['weight']:.4f} ({got['weight'] / got['bare']:.3f})", f"{got['dual']:.4f} ({got['dual'] / got['bare']:.3f})",
             *default_dual.learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]
 
@@ -123,17 +123,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="+", choices=list(FAMILIES))
     ap.add_argument("--part", choices=[*PARTS, "both"], default="both")
-    default_dual.add_length(ap, "FAMILY-PART")
+    default_dual.add_variant(ap, "FAMILY-PART")
     args, work = default_dual.parse(ap, "default_many", "runs/default-many")
-    length = default_dual.Length(args.epochs, args.extend)
+    variant = default_dual.parse_variant(args)
     for family in args.families:
         for part in PARTS if args.part == "both" else (args.part,):
             measure, columns, what = PARTS[part]
             commands: list[str] = []
-            row = measure(family, args.runs, args.data_root, work, commands, length)
+            row = measure(family, args.runs, args.data_root, work, commands, variant)
             print(row, flush=True)
-            record.save(args.results, "default_many", f"{family}-{part}{length.suffix()}",
-                        f"{family}: {what}{length.words()}",
+            record.save(args.results, "default_many", f"{family}-{part}{variant.suffix()}",
+                        f"{family}: {what}{variant.words()}",
                         [record.table(f"{family}, {part}", columns, [row])], commands=[record.command(), *commands],
                         notes="test-loss barriers in nats per character (ViT: per image); ratios against the "
                               "first column; validation figures from the dual run's report")

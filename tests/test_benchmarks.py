@@ -183,10 +183,12 @@ def test_an_interrupted_dual_run_of_a_benchmark_is_resumed_not_refused(tmp_path,
 
 def test_the_default_benchmarks_label_runs_of_other_lengths_apart():
     import default_dual
-    from default_dual import Length
+    from default_dual import Variant
 
-    assert Length().suffix() == "" and Length().flags() == [] and Length().words() == ""
-    assert Length(8.0).suffix() == "-epochs8" and Length(8.0).flags() == ["--epochs", "8"]
-    assert Length(4.0, 2.0).suffix() == "-epochs4-extend2" and Length(4.0, 2.0).words() == " with --epochs 4 --extend 2"
-    assert default_dual.pair_label("p", (0, 1), Length(4.0, 2.0)) == "p-epochs4-extend2"
+    assert Variant().suffix() == "" and Variant().flags() == [] and Variant().words() == ""
+    assert Variant(8.0).suffix() == "-epochs8" and Variant(8.0).flags() == ["--epochs", "8"]
+    assert Variant(4.0, 2.0).suffix() == "-epochs4-extend2" and Variant(4.0, 2.0).words() == " with --epochs 4 --extend 2"
+    assert Variant(lam_sampling="peak").flags() == ["--lam-sampling", "peak"]
+    assert Variant(lam_sampling="peak").suffix() == "-lam-samplingpeak"
+    assert default_dual.pair_label("p", (0, 1), Variant(4.0, 2.0)) == "p-epochs4-extend2"
     assert default_dual.pair_label("p", (2, 3)) == "p-seeds23"
