@@ -37,6 +37,17 @@ def test_inspect_states_the_post_norm_residual_group(tmp_path, capsys):
     assert any("residual scale" in n and "left out" in n for n in info["notes"])
 
 
+@pytest.mark.parametrize("arch, exact", [("smollm3", "every invertible map"), ("exaone4", "a sign per dimension")])
+def test_inspect_names_the_layers_without_rope(tmp_path, capsys, arch, exact):
+    """Layer 1 of each factory applies no RoPE; Llama and OLMo-3 (RoPE on every layer) get no such note."""
+    info, _, text = _inspect(tmp_path, capsys, arch, "qk_map")
+    assert [n for n in info["notes"] if "no RoPE" in n] == [next(n for n in info["notes"] if n.startswith("layer 1 applies"))]
+    assert exact in text
+    for other in ("llama", "olmo3"):
+        info, _, _ = _inspect(tmp_path / other, capsys, other, "qk_map")
+        assert not any("no RoPE" in n for n in info["notes"]), info["notes"]
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "olmo2"])
 def test_planted_copy_merges_back_into_the_source(tmp_path, arch):
     a = save_model(make_model(arch), tmp_path / "a")

@@ -156,6 +156,10 @@ class LlamaAdapter(Adapter):
         arch = (getattr(c, "architectures", None) or [self.hf_classes[0]])[0]
         return _decoder_shape(self, c, arch if arch in self.hf_classes else self.hf_classes[0], "rmsnorm", True)
 
+    def nope_layers(self, config) -> list[int]:
+        """SmolLM3's `no_rope_layers` (1: RoPE, 0: none); other classes rotate every layer."""
+        return [i for i, rope in enumerate(getattr(config, "no_rope_layers", None) or []) if not rope]
+
     def embed_to_canonical(self, get, s):
         return {"embed.W_E": get("model.embed_tokens.weight")}
 

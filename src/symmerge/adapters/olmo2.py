@@ -81,3 +81,9 @@ class Exaone4Adapter(Olmo3Adapter):
 
     def shape(self, c):
         return dataclasses.replace(super().shape(c), qk_norm="head")
+
+    def nope_layers(self, config) -> list[int]:
+        """With a sliding window, the stock attention rotates only its sliding layers; without one, every layer."""
+        if getattr(config, "sliding_window", None) is None:
+            return []
+        return [i for i, kind in enumerate(config.layer_types) if kind != "sliding_attention"]

@@ -88,7 +88,8 @@ def describe(model: LazyModel) -> dict:
     return {
         "path": str(model.path), "arch": model.shape.arch, "hf_class": model.shape.hf_class,
         "shape": model.shape.to_dict(), "parameters": n_params, "families": families,
-        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes + _subgroup_notes(model),
+        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes + _subgroup_notes(model)
+        + model.adapter.layer_notes(model.config, model.shape),
         "dtype": str(model.dtype).replace("torch.", ""),
     }
 
