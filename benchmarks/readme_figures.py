@@ -119,10 +119,10 @@ FIGURES = {f.name: f for f in (
                                   "alone: {} of it)"), "benchmark", command="benchmarks/default_many.py vit --part width"),
     Figure("default-many-vit-earlier", P("left four ViTs an excess of {} ({} of plain averaging's)"), "benchmark",
            command="benchmarks/default_many.py vit --part many --epochs 4 --extend 2"),
-    Figure("default-width-gpt2", P("and {} against {}\nfor character GPT-2s ({} of it; weight matching alone: {} of it)"),
+    Figure("default-width-gpt2", P("{} against {}\nfor character GPT-2s ({} of it; weight matching alone: {} of it)"),
            "benchmark", command="benchmarks/default_many.py gpt2 --part width"),
-    Figure("default-width-llama", P("Llama-style models {} against {} ({} of it; weight\nmatching alone: {} of it)"),
-           "benchmark", command="benchmarks/default_many.py llama --part width --epochs 4 --extend 2"),
+    Figure("default-width-llama", P("and {} against {} for\nLlama-style models ({} of it; weight matching alone: {} of it)"),
+           "benchmark", command="benchmarks/default_many.py llama --part width"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -192,10 +192,10 @@ REFS: dict[str, tuple[Ref, ...]] = {
                            R("default_many", "gpt2-width", "gpt2:", "bare expansion"),
                            R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)", k=1),
                            R("default_many", "gpt2-width", "gpt2:", "weight (ratio)", k=1)),
-    "default-width-llama": (R("default_many", "llama-width-epochs4-extend2", "llama:", "default dual (ratio)"),
-                            R("default_many", "llama-width-epochs4-extend2", "llama:", "bare expansion"),
-                            R("default_many", "llama-width-epochs4-extend2", "llama:", "default dual (ratio)", k=1),
-                            R("default_many", "llama-width-epochs4-extend2", "llama:", "weight (ratio)", k=1)),
+    "default-width-llama": (R("default_many", "llama-width", "llama:", "default dual (ratio)"),
+                            R("default_many", "llama-width", "llama:", "bare expansion"),
+                            R("default_many", "llama-width", "llama:", "default dual (ratio)", k=1),
+                            R("default_many", "llama-width", "llama:", "weight (ratio)", k=1)),
     "default-width-vit": (R("default_many", "vit-width", "vit:", "default dual (ratio)"),
                           R("default_many", "vit-width", "vit:", "bare expansion"),
                           R("default_many", "vit-width", "vit:", "default dual (ratio)", k=1),
