@@ -150,18 +150,8 @@ class Adapter:
 
     def nope_layers(self, config) -> list[int]:
         """The layers that apply no RoPE in a model that rotates q and k elsewhere (none unless the class says so).
-        symmerge gives them the RoPE layers' QK group, a subgroup of theirs (`layer_notes` says so)."""
+        symmerge gives them the RoPE layers' QK group, a subgroup of theirs (`inspect` says so)."""
         return []
-
-    def layer_notes(self, config, s: ModelShape) -> list[str]:
-        """What `inspect` adds about single layers: where the spec's group is a proper subgroup of the exact one."""
-        nope = self.nope_layers(config)
-        if not nope or not s.rotary_dims:
-            return []
-        exact = "a sign per dimension (QK-norm per head)" if s.qk_norm == "head" else "every invertible map of the head"
-        which = f"layer {nope[0]} applies" if len(nope) == 1 else f"layers {', '.join(map(str, nope))} apply"
-        return [f"{which} no RoPE: there the exact QK group is {exact}; symmerge uses the RoPE layers' QK group there "
-                "too, a subgroup (every element keeps the function)"]
 
     # --- shared ---
     def rotary_frequencies(self, config, s: ModelShape) -> tuple[torch.Tensor, float] | None:

@@ -88,10 +88,21 @@ def describe(model: LazyModel) -> dict:
     return {
         "path": str(model.path), "arch": model.shape.arch, "hf_class": model.shape.hf_class,
         "shape": model.shape.to_dict(), "parameters": n_params, "families": families,
-        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes + _subgroup_notes(model)
-        + model.adapter.layer_notes(model.config, model.shape),
+        "group_dimension": sum(f["dimension"] for f in families), "notes": model.spec.notes + _subgroup_notes(model) + _nope_notes(model),
         "dtype": str(model.dtype).replace("torch.", ""),
     }
+
+
+def _nope_notes(model: LazyModel) -> list[str]:
+    """Where the spec's group is a proper subgroup of the exact one: layers without RoPE (`Adapter.nope_layers`)
+    in a rotary model get the RoPE layers' QK group."""
+    nope = model.adapter.nope_layers(model.config)
+    if not nope or not model.shape.rotary_dims:
+        return []
+    exact = "a sign per dimension (QK-norm per head)" if model.shape.qk_norm == "head" else "every invertible map of the head"
+    which = f"layer {nope[0]} applies" if len(nope) == 1 else f"layers {', '.join(map(str, nope))} apply"
+    return [f"{which} no RoPE: there the exact QK group is {exact}; symmerge uses the RoPE layers' QK group there "
+            "too, a subgroup (every element keeps the function)"]
 
 
 def _subgroup_notes(model: LazyModel) -> list[str]:
