@@ -141,6 +141,11 @@ _FIGURES = [
            refs=(*_epochs("neox-wiki-char-demo"), *_epochs("gpt2-wiki-char-demo"),
                  _dual("gpt2-wiki-char-demo"), *_epochs("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py NAME [--epochs 4 --extend 2]", page=LIMITATIONS),
+    Figure("learned-dual-peak", P("it left {} of plain averaging's\n  test barrier on the GPT-NeoX demo pair and {} on the "
+                                  "Llama-style one, where the default's uniform draws\n  leave {} and {}"), "benchmark",
+           refs=(_dual("neox-char-demo-lam-samplingpeak"), _dual("llama-char-demo-lam-samplingpeak"),
+                 _dual("neox-char-demo"), _dual("llama-char-demo")),
+           command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
     Figure("many-models-default", P("and left {} to {} of plain averaging's excess"), "benchmark",
            refs=(_many("vit", "vit-many-epochs4-extend2"), _many("llama", "llama-many-epochs4-extend2")),
            command=DEFAULT_MANY + " --epochs 4 --extend 2", page=MANY_MODELS),
