@@ -140,10 +140,11 @@ _FIGURES = [
            refs=(*_epochs("neox-wiki-char-demo"), *_epochs("gpt2-wiki-char-demo"),
                  _dual("gpt2-wiki-char-demo"), *_epochs("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py NAME [--epochs 4 --extend 2]", page=LIMITATIONS),
-    Figure("learned-dual-peak", P("it left {} of plain averaging's\n  test barrier on the GPT-NeoX demo pair and {} on the "
-                                  "Llama-style one, where the default's uniform draws\n  leave {} and {}"), "benchmark",
-           refs=(_dual("neox-char-demo-lam-samplingpeak"), _dual("llama-char-demo-lam-samplingpeak"),
-                 _dual("neox-char-demo"), _dual("llama-char-demo")),
+    Figure("learned-dual-peak", P("it left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
+                                  "Llama-style one and {} on the GPT-2 one, where the default's uniform draws leave {}, "
+                                  "{} and {}"), "benchmark",
+           refs=tuple(_dual(f"{p}-char-demo-lam-samplingpeak") for p in ("neox", "llama", "gpt2"))
+           + tuple(_dual(f"{p}-char-demo") for p in ("neox", "llama", "gpt2")),
            command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
     Figure("many-models-default", P("the default left {} to {} of plain averaging's excess"), "benchmark",
            refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY, page=MANY_MODELS),
