@@ -146,8 +146,9 @@ _FIGURES = [
            refs=tuple(_dual(f"{p}-char-demo-lam-samplingpeak") for p in ("neox", "llama", "gpt2"))
            + tuple(_dual(f"{p}-char-demo") for p in ("neox", "llama", "gpt2")),
            command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
-    Figure("learned-dual-peak-unseen", P("data no default was tuned on, {} against {}"), "benchmark",
-           refs=(_dual("neox-wiki-char-demo-lam-samplingpeak"), _dual("neox-wiki-char-demo")),
+    Figure("learned-dual-peak-unseen", P("data no default was tuned on, {} against {} and {} against {}"), "benchmark",
+           refs=(_dual("neox-wiki-char-demo-lam-samplingpeak"), _dual("neox-wiki-char-demo"),
+                 _dual("llama-wiki-char-demo-lam-samplingpeak"), _dual("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
     Figure("many-models-default", P("the default left {} to {} of plain averaging's excess"), "benchmark",
            refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY, page=MANY_MODELS),
