@@ -99,7 +99,8 @@ def _nope_notes(model: LazyModel) -> list[str]:
     nope = model.adapter.nope_layers(model.config)
     if not nope or not model.shape.rotary_dims:
         return []
-    exact = "a sign per dimension (QK-norm per head)" if model.shape.qk_norm == "head" else "every invertible map of the head"
+    # a QK-norm keeps only maps that preserve its RMS and its unmoved weights: generically a sign per dimension
+    exact = "a sign per dimension (QK-norm)" if model.shape.qk_norm else "every invertible map of the head"
     which = f"layer {nope[0]} applies" if len(nope) == 1 else f"layers {', '.join(map(str, nope))} apply"
     return [f"{which} no RoPE: there the exact QK group is {exact}; symmerge uses the RoPE layers' QK group there "
             "too, a subgroup (every element keeps the function)"]
