@@ -53,19 +53,33 @@ def _many_minutes(model: str) -> Sum:
                          "time: learning, validating, past the plan, rate search (s)", k=k) for k in range(4)), scale=1 / 60)
 
 
+#: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
+UNIFORM = "-lam-samplinguniform"
+#: the default_dual pairs whose default run is not recorded yet: their figures are the uniform-draw run's
+UNIFORM_ONLY = ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot100-char-demo", "neox-rot50-char-demo",
+                "neox-rot06-char-demo", "gpt2-wiki-char-demo")
+
+
+def default_key(pair: str) -> str:
+    """The default_dual record of `pair`'s dual run at the defaults, or with uniform draws (`UNIFORM_ONLY`)."""
+    return pair + UNIFORM if pair in UNIFORM_ONLY else pair
+
+
 def _epochs(pair: str) -> tuple[Ref, Ref]:
-    """The dual's test barrier on a pair with the earlier default (`default_dual.py --epochs 4 --extend 2`), and
-    with the default."""
-    return tuple(Ref("default_dual", key, key, "default dual") for key in (f"{pair}-epochs4-extend2", pair))
+    """The dual's test barrier on a pair with uniform λ draws and the earlier length (`default_dual.py --epochs 4
+    --extend 2 --lam-sampling uniform`), and with uniform λ draws at the default length."""
+    return tuple(Ref("default_dual", key, key, "default dual") for key in (f"{pair}-epochs4-extend2{UNIFORM}",
+                                                                          pair + UNIFORM))
 
 
 def _width(model: str, column: str) -> Ref:
-    """A method's share of the bare expansion's barrier on a x2 width pair."""
-    return Ref("default_many", f"{model}-width", f"{model}:", column, k=1)
+    """A method's share of the bare expansion's barrier on a x2 width pair (the dual with uniform λ draws)."""
+    return Ref("default_many", f"{model}-width{UNIFORM}", f"{model}:", column, k=1)
 
 
 def _dual(pair: str) -> Ref:
-    """The default dual's share of plain averaging's test barrier on a demo pair."""
+    """The dual's share of plain averaging's test barrier on a demo pair: record `pair` (`default_key(pair)` for the
+    pair's default run, or its uniform run where that is all there is)."""
     return Ref("default_dual", pair, pair, "dual / plain")
 
 
@@ -128,31 +142,33 @@ _FIGURES = [
     Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
-    Figure("limitations-rotary-fraction", P("the default leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
+    Figure("limitations-rotary-fraction", P("dual matching leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
                                             "{} (half) and {} (the whole head)"), "benchmark",
-           refs=tuple(_dual(p) for p in ("neox-rot06-char-demo", "neox-char-demo", "neox-rot50-char-demo",
-                                        "neox-rot100-char-demo")), command="benchmarks/default_dual.py", page=LIMITATIONS),
-    Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
-           "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
+           refs=tuple(_dual(p + UNIFORM) for p in ("neox-rot06-char-demo", "neox-char-demo", "neox-rot50-char-demo",
+                                                  "neox-rot100-char-demo")),
+           command="benchmarks/default_dual.py NAME --lam-sampling uniform", page=LIMITATIONS),
+    Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-NeoX) and {} (Llama-style), and with uniform "
+                                   "λ draws {} (GPT-2)"),
+           "benchmark", refs=(_dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo"),
+                              _dual(default_key("gpt2-wiki-char-demo"))),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("limitations-epochs", P("lowered the test barrier from {} to {} and from {} to {} ({} of plain "
                                    "averaging's); on the Llama-style pair from {} to {},"), "benchmark",
            refs=(*_epochs("neox-wiki-char-demo"), *_epochs("gpt2-wiki-char-demo"),
-                 _dual("gpt2-wiki-char-demo"), *_epochs("llama-wiki-char-demo")),
-           command="benchmarks/default_dual.py NAME [--epochs 4 --extend 2]", page=LIMITATIONS),
-    Figure("learned-dual-peak", P("it left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
-                                  "Llama-style one and {} on the GPT-2 one, where the default's uniform draws leave {}, "
-                                  "{} and {}"), "benchmark",
-           refs=tuple(_dual(f"{p}-char-demo-lam-samplingpeak") for p in ("neox", "llama", "gpt2"))
-           + tuple(_dual(f"{p}-char-demo") for p in ("neox", "llama", "gpt2")),
-           command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
+                 _dual("gpt2-wiki-char-demo" + UNIFORM), *_epochs("llama-wiki-char-demo")),
+           command="benchmarks/default_dual.py NAME --lam-sampling uniform [--epochs 4 --extend 2]", page=LIMITATIONS),
+    Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
+                                  "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
+           "benchmark", refs=tuple(_dual(f"{p}-char-demo") for p in ("neox", "llama", "gpt2"))
+           + tuple(_dual(f"{p}-char-demo{UNIFORM}") for p in ("neox", "llama", "gpt2")),
+           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-unseen", P("data no default was tuned on, {} against {} and {} against {}"), "benchmark",
-           refs=(_dual("neox-wiki-char-demo-lam-samplingpeak"), _dual("neox-wiki-char-demo"),
-                 _dual("llama-wiki-char-demo-lam-samplingpeak"), _dual("llama-wiki-char-demo")),
-           command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
-    Figure("learned-dual-peak-vit", P("(MNIST, Fashion-MNIST) {} and {}, as the default's"), "benchmark",
-           refs=(_dual("vit-demo-lam-samplingpeak"), _dual("vit-fashion-demo-lam-samplingpeak")),
-           command="benchmarks/default_dual.py NAME --lam-sampling peak", page="docs/guides/learned-dual.md"),
+           refs=(_dual("neox-wiki-char-demo"), _dual("neox-wiki-char-demo" + UNIFORM),
+                 _dual("llama-wiki-char-demo"), _dual("llama-wiki-char-demo" + UNIFORM)),
+           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
+    Figure("learned-dual-peak-vit", P("(MNIST, Fashion-MNIST) {} and {}, as with uniform draws"), "benchmark",
+           refs=(_dual("vit-demo"), _dual("vit-fashion-demo")),
+           command="benchmarks/default_dual.py NAME", page="docs/guides/learned-dual.md"),
     Figure("many-models-default", P("the default left {} to {} of plain averaging's excess"), "benchmark",
            refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY, page=MANY_MODELS),
     Figure("many-models-minutes", P("(`--epochs 4 --extend 2`), took {} to {} minutes at one thread"), "benchmark",

@@ -57,7 +57,7 @@ def measure(name: str, runs: str, data_root: str, dual_steps: int, dual_lr: floa
     s = symmerge(["align", a, b, "-o", str(work / "weight"), "--method", "weight"], commands)
     rows.append(row("weight matching (all but scale)", a, str(work / "weight"), data, work / "weight.json", s, commands))
     s = symmerge(["align", a, b, "-o", str(work / "dual"), "--method", "dual", "--data", data, "--steps", str(dual_steps),
-                  "--lr", str(dual_lr), "--batch-size", "16", "--max-batches", "64"], commands)
+                  "--lr", str(dual_lr), "--batch-size", "16", "--max-batches", "64", "--lam-sampling", "uniform"], commands)
     rows.append(row(f"dual ({dual_steps} steps, lr {dual_lr:g})", str(work / "dual" / "A"), str(work / "dual" / "B"),
                     data, work / "dual.json", s, commands))
     return rows, commands

@@ -61,7 +61,8 @@ def main() -> None:
     for start, init in (("identity", None), ("weight matching", wm)):
         for method in ("learned", "dual"):
             t0 = time.perf_counter()
-            cfg = LearnConfig(method=method, steps=args.steps, lr=args.lr, eval_every=50, progress=False)
+            cfg = LearnConfig(method=method, steps=args.steps, lr=args.lr, eval_every=50, lam_sampling="uniform",
+                              progress=False)
             r = learn(a, b, train, val, cfg, init=init)
             pa = apply(a.spec, r.elements["A"], a.params) if "A" in r.elements else a.params
             pb = apply(b.spec, r.elements["B"], b.params)

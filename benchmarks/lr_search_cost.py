@@ -62,7 +62,8 @@ def main() -> None:
     a, b = load_model(pa), load_model(pb)
     train = load_batches(pa, args.data, "train", args.batch_size, max_batches=args.steps)
     val = load_batches(pa, args.data, "validation", args.batch_size, max_batches=args.val_batches)
-    cfg = LearnConfig(method=args.method, steps=args.steps, lr="auto", val_batches=args.val_batches, progress=False)
+    cfg = LearnConfig(method=args.method, steps=args.steps, lr="auto", val_batches=args.val_batches,
+                      lam_sampling="uniform", progress=False)
     t0 = time.perf_counter()
     rep = learn(a, b, train, val, cfg).report
     total = time.perf_counter() - t0

@@ -61,6 +61,12 @@ THREADS = 1
 TIME = Tol(rel=0.5)  # CPU or wall seconds on a shared 2-core machine
 
 REPRO = "benchmarks/reproduction_table.py (its result file holds the command lines)"
+UNIFORM = doc_figures.UNIFORM
+
+
+def _uniform(pair: str, command: str) -> str:
+    """The command of the figure of default_dual pair `pair` (`doc_figures.default_key`)."""
+    return command + " --lam-sampling uniform" if doc_figures.default_key(pair) != pair else command
 
 FIGURES = {f.name: f for f in (
     Figure("demo", P("`symmerge demo` on a fresh folder at 1 thread (`OMP_NUM_THREADS=1`; about {} CPU seconds;")
@@ -88,22 +94,22 @@ FIGURES = {f.name: f for f in (
     Figure("default-dual-llama", P("(RoPE on the whole head) {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py llama-char-demo"),
     Figure("default-dual-llama23", P("seeds 2 and 3, {} against {}: {} of it"), "benchmark",
-           command="benchmarks/default_dual.py llama-char-demo --seeds 2,3"),
+           command=_uniform("llama-char-demo-seeds23", "benchmarks/default_dual.py llama-char-demo --seeds 2,3")),
     Figure("default-dual-llama-mha", P("attention {} against {}: {} of it"), "benchmark",
-           command="benchmarks/default_dual.py llama-mha-char-demo"),
+           command=_uniform("llama-mha-char-demo", "benchmarks/default_dual.py llama-mha-char-demo")),
     Figure("default-dual-neox-rot100", P("RoPE on the whole head {} against\n{}: {} of it"), "benchmark",
-           command="benchmarks/default_dual.py neox-rot100-char-demo"),
+           command=_uniform("neox-rot100-char-demo", "benchmarks/default_dual.py neox-rot100-char-demo")),
     Figure("default-dual-gpt2", P("character GPT-2 demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py gpt2-char-demo"),
     Figure("default-dual-vit", P("MNIST ViT demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py vit-demo"),
     Figure("default-dual-neox-rot50", P("on half of each head {} against {}: {} of it"), "benchmark",
-           command="benchmarks/default_dual.py neox-rot50-char-demo"),
+           command=_uniform("neox-rot50-char-demo", "benchmarks/default_dual.py neox-rot50-char-demo")),
     Figure("default-dual-neox-rot06", P("on a sixteenth {}\nagainst {}: {} of it"), "benchmark",
-           command="benchmarks/default_dual.py neox-rot06-char-demo"),
-    Figure("default-dual-gpt2-wiki", P("on WikiText-2's characters {} against {} for GPT-2\n({} of it)"), "benchmark",
-           command="benchmarks/default_dual.py gpt2-wiki-char-demo"),
-    Figure("default-dual-neox-wiki", P("{} against {} for GPT-NeoX ({} of it)"), "benchmark",
+           command=_uniform("neox-rot06-char-demo", "benchmarks/default_dual.py neox-rot06-char-demo")),
+    Figure("default-dual-gpt2-wiki", P("{} against {} for GPT-2 ({} of it)"), "benchmark",
+           command=_uniform("gpt2-wiki-char-demo", "benchmarks/default_dual.py gpt2-wiki-char-demo")),
+    Figure("default-dual-neox-wiki", P("on WikiText-2's characters {} against {} for GPT-NeoX ({} of it)"), "benchmark",
            command="benchmarks/default_dual.py neox-wiki-char-demo"),
     Figure("default-dual-llama-wiki", P("{} against {} for the\nLlama-style pair ({} of it)"), "benchmark",
            command="benchmarks/default_dual.py llama-wiki-char-demo"),
@@ -116,13 +122,14 @@ FIGURES = {f.name: f for f in (
     Figure("default-many-llama", P("and {} against {} for Llama-style models ({} of it)"), "benchmark",
            command="benchmarks/default_many.py llama --part many"),
     Figure("default-width-vit", P("barrier of {} where the\nbare expansion's is {} for ViTs ({} of it; weight matching "
-                                  "alone: {} of it)"), "benchmark", command="benchmarks/default_many.py vit --part width"),
+                                  "alone: {} of it)"), "benchmark",
+           command="benchmarks/default_many.py vit --part width --lam-sampling uniform"),
     Figure("default-many-vit-earlier", P("left four ViTs an excess of {} ({} of plain averaging's)"), "benchmark",
            command="benchmarks/default_many.py vit --part many --epochs 4 --extend 2"),
     Figure("default-width-gpt2", P("{} against {}\nfor character GPT-2s ({} of it; weight matching alone: {} of it)"),
-           "benchmark", command="benchmarks/default_many.py gpt2 --part width"),
+           "benchmark", command="benchmarks/default_many.py gpt2 --part width --lam-sampling uniform"),
     Figure("default-width-llama", P("and {} against {} for\nLlama-style models ({} of it; weight matching alone: {} of it)"),
-           "benchmark", command="benchmarks/default_many.py llama --part width"),
+           "benchmark", command="benchmarks/default_many.py llama --part width --lam-sampling uniform"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -168,7 +175,8 @@ REFS: dict[str, tuple[Ref, ...]] = {
                     _demo("activation matching", "Llama"), _seed(LLAMA_S, "learned (1e-2)"), _seed(LLAMA_S, "dual (5e-3)")),
     "table-neox": (_demo("plain averaging", "NeoX"), R(RT, "single-seed-neox", "weight matching", BAR),
                    _demo("activation matching", "NeoX"), _seed(NEOX_S, "learned (1e-2)"), _seed(NEOX_S, "dual (5e-3)")),
-    **{f"default-dual-{short}": tuple(R("default_dual", key, key, c) for c in ("default dual", "plain", "dual / plain"))
+    **{f"default-dual-{short}": tuple(R("default_dual", doc_figures.default_key(key), doc_figures.default_key(key), c)
+                                      for c in ("default dual", "plain", "dual / plain"))
        for short, key in (("neox", "neox-char-demo"), ("llama", "llama-char-demo"), ("llama23", "llama-char-demo-seeds23"),
                           ("llama-mha", "llama-mha-char-demo"), ("neox-rot100", "neox-rot100-char-demo"),
                           ("gpt2", "gpt2-char-demo"), ("vit", "vit-demo"), ("gpt2-wiki", "gpt2-wiki-char-demo"),
@@ -188,18 +196,18 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-many-llama": (R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)"),
                            R("default_many", "llama-many", "4 llama", "plain excess / simplex"),
                            R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)", k=2)),
-    "default-width-gpt2": (R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)"),
-                           R("default_many", "gpt2-width", "gpt2:", "bare expansion"),
-                           R("default_many", "gpt2-width", "gpt2:", "default dual (ratio)", k=1),
-                           R("default_many", "gpt2-width", "gpt2:", "weight (ratio)", k=1)),
-    "default-width-llama": (R("default_many", "llama-width", "llama:", "default dual (ratio)"),
-                            R("default_many", "llama-width", "llama:", "bare expansion"),
-                            R("default_many", "llama-width", "llama:", "default dual (ratio)", k=1),
-                            R("default_many", "llama-width", "llama:", "weight (ratio)", k=1)),
-    "default-width-vit": (R("default_many", "vit-width", "vit:", "default dual (ratio)"),
-                          R("default_many", "vit-width", "vit:", "bare expansion"),
-                          R("default_many", "vit-width", "vit:", "default dual (ratio)", k=1),
-                          R("default_many", "vit-width", "vit:", "weight (ratio)", k=1)),
+    "default-width-gpt2": (R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "default dual (ratio)"),
+                           R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "bare expansion"),
+                           R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "default dual (ratio)", k=1),
+                           R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "weight (ratio)", k=1)),
+    "default-width-llama": (R("default_many", "llama-width" + UNIFORM, "llama:", "default dual (ratio)"),
+                            R("default_many", "llama-width" + UNIFORM, "llama:", "bare expansion"),
+                            R("default_many", "llama-width" + UNIFORM, "llama:", "default dual (ratio)", k=1),
+                            R("default_many", "llama-width" + UNIFORM, "llama:", "weight (ratio)", k=1)),
+    "default-width-vit": (R("default_many", "vit-width" + UNIFORM, "vit:", "default dual (ratio)"),
+                          R("default_many", "vit-width" + UNIFORM, "vit:", "bare expansion"),
+                          R("default_many", "vit-width" + UNIFORM, "vit:", "default dual (ratio)", k=1),
+                          R("default_many", "vit-width" + UNIFORM, "vit:", "weight (ratio)", k=1)),
 }
 FIGURES = {n: dataclasses.replace(f, refs=REFS[n]) if f.kind == "benchmark" else f for n, f in FIGURES.items()}
 assert not FIGURES.keys() & doc_figures.FIGURES.keys(), "a figure's name is on two pages"

@@ -102,7 +102,8 @@ def main() -> None:
     rows, history = [], {}
     for label, val_data in [("validation split of --data", None)] + ([("--val-data " + record.portable(args.val_data),
                                                                        args.val_data)] if args.val_data else []):
-        opts = DualOptions(steps=args.steps, eval_every=args.eval_every, lr=args.lr, val_data=val_data)
+        opts = DualOptions(steps=args.steps, eval_every=args.eval_every, lr=args.lr, val_data=val_data,
+                           lam_sampling="uniform")
         t0 = time.perf_counter()
         seen, chosen = observed_run(a, b, data, test, opts)
         rows.append(row(label, seen, chosen, time.perf_counter() - t0))

@@ -95,8 +95,9 @@ def test_streamed_equals_in_memory_to_the_bit(folders, strides, monkeypatch):
         torch.equal(a[n], b[n]) for a, b in zip(lazy.elements, held.elements) for n in a)
     if strides:
         assert same, (lazy.history, held.history)
-    else:
-        assert not same, "the layout of the cached mean made no difference: the test proves nothing"
+    elif same:  # the control needs kernels whose last bits follow the layout, which not every CPU's do
+        pytest.skip("this machine's kernels give the same bits for a strided and a contiguous mean: the control "
+                    "cannot show here that the layout is kept")
 
 
 def test_cli_blocks_flag_reaches_the_many_model_matcher(folders, tmp_path, monkeypatch):

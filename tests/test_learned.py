@@ -35,7 +35,7 @@ def test_learned_output_computes_b(pair, tmp_path):
     HF checkpoint with B's logits to 1e-4."""
     a, b = pair
     init = random_element(b.spec, torch.Generator().manual_seed(3))
-    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), quick(lr=0.2), init=init)
+    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), quick(lr=0.05, steps=12), init=init)
     g = result.elements["B"]
     assert float((g["residual.rotation"] - init["residual.rotation"]).abs().max()) > 1e-3, "nothing was learned"
     report = output_report(save_outputs(result, a, b, tmp_path / "out"), b.shape.hf_class, lm_batches(1, 9)[0])
@@ -95,6 +95,18 @@ def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
               resume=True)
 
 
+def test_a_pair_takes_peak_sampling_unless_told(pair):
+    """No λ sampling given: a pair's run is the run that asks for peak, not uniform's, and its settings say so
+    (uniform stays out of them, as in checkpoints written before the option existed)."""
+    a, b = pair
+    train, val = lm_batches(3, 0), lm_batches(1, 1)
+    runs = {s: learn(a, b, train, val, quick(lr=0.1, lam_range=(0.1, 0.9), lam_sampling=s)).report
+            for s in (None, "peak", "uniform")}
+    assert runs[None]["history"] == runs["peak"]["history"]
+    assert runs[None]["history"] != runs["uniform"]["history"]  # negative control: the sampling matters here
+    assert runs[None]["settings"]["lam_sampling"] == "peak" and "lam_sampling" not in runs["uniform"]["settings"]
+
+
 def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(pair, tmp_path, capsys):
     """Killed after saving its plan and before its first checkpoint, a run leaves the plan alone in its folder:
     without --resume that folder is an unfinished run (refused), with it the run starts again from step 0 with
@@ -134,10 +146,9 @@ def test_best_state_kept_and_early_stopping(pair):
     assert rep["stopped_early"] and rep["steps"] < 30
     assert rep["barrier_after"] == min(h["barrier"] for h in rep["history"])
     assert rep["best_step"] != rep["steps"], "the best state is not the last one here: the check shows it is kept"
-    # the returned element is the best one, not the last (evaluated by a learner whose only slot is a
-    # permutation: continuous slots at the identity would move the element by rounding, 1e-16)
-    learner = Learner(a, b, LearnConfig(groups=["head_perm"]), None)
-    learner.base["B"] = result.elements["B"]
+    # the returned element is the best one, not the last (evaluated by a learner started from it whose only slot
+    # is a permutation: continuous slots at the identity would move the element by rounding, 1e-16)
+    learner = Learner(a, b, LearnConfig(groups=["head_perm"]), result.elements["B"])
     curve = learner.curve(lm_batches(1, 1), [0.0, 0.5, 1.0])
     assert curve[1] == pytest.approx(rep["losses_after"][1], abs=1e-6)
 

@@ -93,7 +93,7 @@ def test_learned_permutations_only_moves_the_residual_permutation_and_keeps_b(gp
     plain_loss(a, learner, batch, 0.3, {"B": g}).backward()
     assert not torch.allclose(grad, leaf.grad, rtol=1e-4, atol=1e-6)
 
-    cfg = LearnConfig(groups=PERMS_ONLY, steps=6, lr=0.5, eval_every=3, grid_points=3, progress=False)
+    cfg = LearnConfig(groups=PERMS_ONLY, steps=9, lr=0.5, eval_every=3, grid_points=3, progress=False)
     result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), cfg, init=init)
     r = result.elements["B"]["residual.rotation"]
     assert sorted(r.argmax(1).tolist()) == list(range(r.shape[0])) and torch.equal(r, r.round())

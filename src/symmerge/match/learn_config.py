@@ -6,7 +6,8 @@ a resumed run must share with the run it continues (stored in the checkpoint, se
 Recipes (`RECIPES`, `align --recipe`), each a full set of defaults that explicit options override:
 
 - `full` (the default): every training batch given, `EPOCHS` passes over them with cosine decay,
-  λ ~ U(0.2, 0.8) and an 11-point validation grid (the whole path, as the reported barrier sees it),
+  λ drawn from (0.2, 0.8) (for a pair, half the draws near the path's highest points: `objectives.PathObjective`)
+  and an 11-point validation grid (the whole path, as the reported barrier sees it),
   `EVALUATIONS` validation barriers in the run, the validation data sized from the standard error of
   the validation barrier (`VAL_SE`: as many batches as that needs, all given ones at most), and the
   learning rate chosen for the pair by a short search on the validation split (`lr="auto"`,
@@ -149,7 +150,7 @@ class LearnConfig:
     epochs: float | None = _FULL["epochs"]  # read only when `steps` is None
     lr: float | str | None = _FULL["lr"]  # "auto": lr_search.py; None: the method's DEFAULT_LR
     lam_range: tuple[float, float] = _FULL["lam_range"]
-    lam_sampling: str = "uniform"  # or "peak": half the steps near the validation curve's highest points
+    lam_sampling: str | None = None  # "uniform", "peak"; None: the objective's own (objectives.SAMPLINGS)
     seed: int = 0
     eval_every: int | None = _FULL["eval_every"]  # None: steps / `evaluations`
     evaluations: int = EVALUATIONS
@@ -172,7 +173,7 @@ class LearnConfig:
         lo, hi = self.lam_range
         if not (0.0 <= lo <= hi <= 1.0):
             raise SymmergeError(f"--lam-range {lo},{hi} must satisfy 0 <= low <= high <= 1")
-        if self.lam_sampling not in LAM_SAMPLING:
+        if self.lam_sampling is not None and self.lam_sampling not in LAM_SAMPLING:
             raise SymmergeError(f"--lam-sampling must be one of {', '.join(LAM_SAMPLING)}, not {self.lam_sampling!r}")
         if self.method not in METHODS:
             raise SymmergeError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")

@@ -23,7 +23,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -94,10 +94,10 @@ class Run:
         self.learner, self.train, self.val, self.ckpt, self.on_step = learner, train, val, checkpoint, on_step
         self.group = distributed.current()  # several processes: each takes its rows of every batch
         self.stop = False
-        self.cfg = learner.cfg
+        self.objective = learner.objective(learner.cfg)
+        self.cfg = replace(learner.cfg, lam_sampling=self.objective.sampling)  # the sampling taken, in settings
         self.names = list(learner.trainables())
         self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
-        self.objective = learner.objective(self.cfg)
         self.meta = {"step": 0, "history": [], "best_step": 0, "bad_evals": 0,
                      "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None,
                      "validation_s": 0.0, "past_plan_s": 0.0,

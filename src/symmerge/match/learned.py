@@ -18,12 +18,13 @@ the interpolated model, with every model weight frozen.
   The learner runs the loss on that one-sided form, (1 - lam)·A + lam·(gA^-1 gB)·B, with gradients to both
   sides through gA^-1 gB (`Learner.moves`; not with a learned residual scale): A's tensors are not transformed.
 
-Loss: the stock HF loss of (1 - lam) gA·A + lam gB·B at lam ~ U(lam_range), run block by block
+Loss: the stock HF loss of (1 - lam) gA·A + lam gB·B at lam drawn from lam_range, run block by block
 (`blockwise.py`: endpoints frozen in their checkpoint's dtype, each block's weights materialised in
 `dtype` inside the forward and recomputed in the backward; the same figures as `evaluation.StockForward`
 on the whole state dict, tested), a fresh
-lam per step (`lam_sampling="peak"`: half the steps take lam near the grid points where the last
-validation curve stands highest above the straight line, see `objectives.peak_lambda`).
+lam per step (the default, `lam_sampling="peak"`: half the steps take lam near the grid points where the last
+validation curve stands highest above the straight line, the others uniform, see `objectives.peak_lambda`;
+"uniform": all of them uniform).
 "residual" anchoring learns a correction h with g = h∘g0 (h starts at the identity, where every
 parameterisation is best conditioned); "absolute" learns g itself from `from_element(g0)`.
 

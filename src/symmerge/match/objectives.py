@@ -5,6 +5,8 @@ many. The loop (`learn_loop.Run`) is one for both; an objective gives it
   for many), from (seed, step) alone (`step_randomness`: an epoch-wise shuffle of the batches and uniforms
   of the step's own generator), and for λ sampling "peak" the last validation curve, which the
   checkpoint holds, so a resumed run takes the steps an uninterrupted run takes;
+- `SAMPLINGS`: the λ samplings it draws, its default first (`sampling`: the one a run takes, `LearnConfig.lam_sampling`
+  where given);
 - `ends` (mixes evaluated once: the endpoints or vertices, which compute their inputs' functions) and
   `inner` (the mixes evaluated at every validation), and `entry(ends, inner)`: one validation's record;
 - `value(entry)`: the figure the run reports and learns on past its plan while it falls (None where not
@@ -64,27 +66,39 @@ def peak_lambda(lams: list[float], losses: list, lam_range, u: list[float]) -> f
     return min(max(lams[inside[k]] + (2 * u[2] - 1) * half, lo), hi)
 
 
+def sampling_of(cfg: LearnConfig, samplings: tuple[str, ...], why: str = "") -> str:
+    """The λ sampling a run under `cfg` takes: `cfg.lam_sampling`, or the first of the objective's `samplings` where
+    it names none; one the objective cannot draw raises, saying `why`."""
+    chosen = cfg.lam_sampling or samplings[0]
+    if chosen not in samplings:
+        raise SymmergeError(f"{why}: --lam-sampling {chosen} is not drawn here; choose from {', '.join(samplings)}")
+    return chosen
+
+
 def finite_or_none(x: float) -> float | None:
     """`x`, or None where it is not finite (strict JSON has no inf or NaN)."""
     return x if math.isfinite(x) else None
 
 
 class PathObjective:
-    """Two models: the mix is λ ~ U(lam_range) (or "peak"); validation is the loss curve on the λ grid of
+    """Two models: the mix is λ from `lam_range`, half the draws near the highest points of the last validation
+    curve ("peak", the default: `peak_lambda`) or all uniform ("uniform"); validation is the loss curve on the λ grid of
     `grid_points` (endpoints included), its value the line barrier; the best state has the lowest barrier,
     and among paths at or below the line (barrier 0) the one whose highest point stands lowest."""
 
     task = "matching"
+    SAMPLINGS = ("peak", "uniform")
 
     def __init__(self, cfg: LearnConfig):
         self.cfg = cfg
+        self.sampling = sampling_of(cfg, self.SAMPLINGS)
         self.lams = grid(cfg.grid_points)
         self.ends, self.inner = [0.0, 1.0], self.lams[1:-1]
 
     def draw(self, step: int, n_batches: int, history: list[dict]) -> tuple[int, float]:
         idx, (u,) = step_randomness(self.cfg.seed, step, n_batches, 1)
         lo, hi = self.cfg.lam_range
-        if self.cfg.lam_sampling == "peak":
+        if self.sampling == "peak":
             return idx, peak_lambda(self.lams, history[-1]["losses"], self.cfg.lam_range,
                                     peak_uniforms(self.cfg.seed, step))
         return idx, lo + (hi - lo) * u
@@ -115,10 +129,11 @@ class SimplexObjective:
     value the largest excess (not floored at 0), which the best state minimises."""
 
     task = "merging"
+    SAMPLINGS = ("uniform",)
 
     def __init__(self, cfg: LearnConfig, weights: list[float], val_points: int):
-        if cfg.lam_sampling != "uniform":
-            raise SymmergeError("merging many models draws points of the simplex: --lam-sampling peak is for pairs")
+        self.sampling = sampling_of(cfg, self.SAMPLINGS, "merging many models draws points of the simplex uniformly "
+                                                         "(--lam-sampling peak is for pairs)")
         self.cfg, self.n = cfg, len(weights)
         self.points = [list(weights), *dirichlet(self.n, val_points, cfg.seed + 1)]
         self.ends = [[float(j == i) for j in range(self.n)] for i in range(self.n)]

@@ -197,8 +197,9 @@ class LearnedOptions(WeightOptions):
                                     "barrier", argument_type(parse_lr), recipe="lr")
     lam_range: tuple[float, float] | None = option(None, "λ drawn uniformly from LOW,HIGH per batch",
                                                    argument_type(parse_lam_range), recipe="lam_range")
-    lam_sampling: str = option(LearnConfig.lam_sampling, "uniform, or peak: half the λ draws where the path stands "
-                               "highest", choices=LAM_SAMPLING)
+    lam_sampling: str | None = option(None, "peak: half the λ draws where the path stands highest, or uniform "
+                                      "(default: peak for a pair; many models draw the simplex uniformly)",
+                                      choices=LAM_SAMPLING)
     seed: int = option(LearnConfig.seed, "seed of the batch order and λ draws", seed)
     eval_every: int | None = option(None, f"steps between validation barriers (none: {EVALUATIONS} in the run)",
                                     at_least(1), recipe="eval_every")

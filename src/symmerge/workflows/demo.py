@@ -88,8 +88,9 @@ def _aligned(method: str, a: Model, b: Model, train_batches, val_batches, args: 
     """(params of A's side, params of B's side, what the method reports) for one method."""
     if method == registry.PLAIN:
         return a.params, b.params, {}
+    # the demo's own short run (its figures in the README)
     opts = {"max_iters": args.match_iters, "steps": args.learn_steps, "eval_every": max(1, args.learn_steps // 5),
-            "lr": args.learn_lr, "recipe": "quick"}  # the demo's own short run (its figures in the README)
+            "lr": args.learn_lr, "recipe": "quick", "lam_sampling": "uniform"}
     place = {"device": args.device, "dtype": dtype_name(_working(args, a))}
     res = registry.align(method, a, b, b.spec.default_families(), registry.Data(train_batches, val_batches), opts,
                          progress=args.progress, **(place if registry.get(method).forward else {}))
