@@ -14,7 +14,7 @@ Recipes (`RECIPES`, `align --recipe`), each a full set of defaults that explicit
   `lr_search.py`), with no learning past the plan unless `extend` is raised (`EXTEND`). These are the
   settings that took dual matching to zero on the MNIST ViT pair (benchmarks/README.md, "The reproduction
   table", 8000 steps), with the data, steps and rate made relative to the pair.
-- `quick`: a smoke test (200 steps on 8 batches of 8, λ ~ U(0.4, 0.6), 5 grid points, the method's
+- `quick`: a smoke test (200 steps on 8 batches of 8, λ from (0.4, 0.6), 5 grid points, the method's
   fixed learning rate): what `align --method learned|dual` did before it had a recipe.
 """
 

@@ -195,7 +195,7 @@ class LearnedOptions(WeightOptions):
                                   argument_type(parse_epochs), recipe="epochs")
     lr: float | str | None = option(None, "Adam rate, cosine decay; auto: the best of short runs on the validation "
                                     "barrier", argument_type(parse_lr), recipe="lr")
-    lam_range: tuple[float, float] | None = option(None, "λ drawn uniformly from LOW,HIGH per batch",
+    lam_range: tuple[float, float] | None = option(None, "λ drawn from LOW,HIGH per batch (--lam-sampling)",
                                                    argument_type(parse_lam_range), recipe="lam_range")
     lam_sampling: str | None = option(None, "peak: half the λ draws where the path stands highest, or uniform "
                                       "(default: peak for a pair; many models draw the simplex uniformly)",
