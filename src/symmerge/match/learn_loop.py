@@ -31,7 +31,7 @@ from ..errors import SymmergeError
 from ..runtime import distributed
 from ..runtime.progress import tqdm
 from ..store.optim_state import optimizer_tensors, restore_optimizer
-from .learn_config import FLAT
+from .learn_config import FLAT, IMPLIED
 from .learn_state import check_settings, load_state, save_state
 from .learner import Learner
 
@@ -122,7 +122,7 @@ class Run:
 
     def load(self) -> None:
         tensors, meta = load_state(self.ckpt)
-        check_settings(meta["settings"], self.settings(), self.ckpt)
+        check_settings({**IMPLIED, **meta["settings"]}, {**IMPLIED, **self.settings()}, self.ckpt)
         for k, v in self.learner.start_tensors().items():
             if not torch.equal(tensors[f"init.{k}"], v):
                 raise SymmergeError(f"the checkpoint in {self.ckpt} started from a different initial element; "
