@@ -56,7 +56,7 @@ def _many_minutes(model: str) -> Sum:
 #: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
 UNIFORM = "-lam-samplinguniform"
 #: the default_dual pairs whose default run is not recorded yet: their figures are the uniform-draw run's
-UNIFORM_ONLY = ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot100-char-demo", "neox-rot50-char-demo",
+UNIFORM_ONLY = ("llama-mha-char-demo", "neox-rot100-char-demo", "neox-rot50-char-demo",
                 "neox-rot06-char-demo", "gpt2-wiki-char-demo")
 
 
