@@ -91,7 +91,7 @@ def test_many_model_learning_refuses_what_belongs_to_pairs(tmp_path):
         learn_many(models, [1 / 3] * 3, lm_batches(2, 0), lm_batches(1, 1), _cfg(lam_sampling="peak"))
     # none given: the simplex's own, uniform (the default of pairs, peak, is not forced on it)
     report = learn_many(models, [1 / 3] * 3, lm_batches(2, 0), lm_batches(1, 1), _cfg(steps=2)).report
-    assert report["steps"] == 2 and "lam_sampling" not in report["settings"]
+    assert report["steps"] == 2 and report["settings"]["lam_sampling"] == "uniform"
 
 
 @pytest.fixture

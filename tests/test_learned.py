@@ -97,15 +97,14 @@ def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
 
 
 def test_a_pair_takes_peak_sampling_unless_told(pair):
-    """No λ sampling given: a pair's run is the run that asks for peak, not uniform's, and its settings say so
-    (uniform stays out of them, as in checkpoints written before the option existed)."""
+    """No λ sampling given: a pair's run is the run that asks for peak, not uniform's, and its report says so."""
     a, b = pair
     train, val = lm_batches(3, 0), lm_batches(1, 1)
     runs = {s: learn(a, b, train, val, quick(lr=0.1, lam_range=(0.1, 0.9), lam_sampling=s)).report
             for s in (None, "peak", "uniform")}
     assert runs[None]["history"] == runs["peak"]["history"]
     assert runs[None]["history"] != runs["uniform"]["history"]  # negative control: the sampling matters here
-    assert runs[None]["settings"]["lam_sampling"] == "peak" and "lam_sampling" not in runs["uniform"]["settings"]
+    assert runs[None]["settings"]["lam_sampling"] == "peak" and runs["uniform"]["settings"]["lam_sampling"] == "uniform"
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(pair, tmp_path, capsys):

@@ -258,6 +258,8 @@ class Run:
             **self.objective.report(m["history"], m["best_step"], m["endpoint_losses"]),
             "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
             "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in learner.slots},
-            "fixed_groups": learner.fixed_groups, "settings": self.cfg.settings(), "history": m["history"],
+            "fixed_groups": learner.fixed_groups, "history": m["history"],
+            # every setting, those a checkpoint leaves out at their implied values too (the report and card say them)
+            "settings": {**self.cfg.settings(), **{k: getattr(self.cfg, k) for k in IMPLIED}},
         }
         return Result(learner.final_elements(), report)
