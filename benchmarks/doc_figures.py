@@ -56,7 +56,7 @@ def _many_minutes(model: str) -> Sum:
 #: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
 UNIFORM = "-lam-samplinguniform"
 #: the default_dual pairs whose default run is not recorded yet: their figures are the uniform-draw run's
-UNIFORM_ONLY = ("llama-mha-char-demo", "neox-rot100-char-demo", "neox-rot50-char-demo",
+UNIFORM_ONLY = ("neox-rot50-char-demo",
                 "neox-rot06-char-demo")
 
 
@@ -142,6 +142,11 @@ _FIGURES = [
     Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
+    Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",
+           refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo")),
+           command="benchmarks/default_dual.py", page=LIMITATIONS),
+    Figure("limitations-rotary-neox", P("GPT-NeoX pair with RoPE on the whole head leaves {}, where the\n  NeoX demo pair"),
+           "benchmark", refs=(_dual("neox-rot100-char-demo"),), command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("limitations-rotary-fraction", P("dual matching leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
                                             "{} (half) and {} (the whole head)"), "benchmark",
            refs=tuple(_dual(p + UNIFORM) for p in ("neox-rot06-char-demo", "neox-char-demo", "neox-rot50-char-demo",
