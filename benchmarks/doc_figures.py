@@ -169,6 +169,12 @@ _FIGURES = [
            refs=(_dual("neox-wiki-char-demo"), _dual("neox-wiki-char-demo" + UNIFORM),
                  _dual("llama-wiki-char-demo"), _dual("llama-wiki-char-demo" + UNIFORM)),
            command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
+    Figure("learned-dual-peak-retrained", P("peak left {} against {} (a\n  second Llama-style pair), {} against {} (Llama-style "
+                                            "without grouped-query attention), {} against {} (GPT-NeoX with RoPE on "
+                                            "the whole head) and {} against {} (GPT-2 on WikiText-2)"), "benchmark",
+           refs=tuple(ref for p in ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot100-char-demo",
+                                    "gpt2-wiki-char-demo") for ref in (_dual(p), _dual(p + UNIFORM))),
+           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-vit", P("(MNIST, Fashion-MNIST) {} and {}, as with uniform draws"), "benchmark",
            refs=(_dual("vit-demo"), _dual("vit-fashion-demo")),
            command="benchmarks/default_dual.py NAME", page="docs/guides/learned-dual.md"),
