@@ -56,8 +56,7 @@ def _many_minutes(model: str) -> Sum:
 #: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
 UNIFORM = "-lam-samplinguniform"
 #: the default_dual pairs whose default run is not recorded yet: their figures are the uniform-draw run's
-UNIFORM_ONLY = ("neox-rot50-char-demo",
-                "neox-rot06-char-demo")
+UNIFORM_ONLY = ("neox-rot06-char-demo",)
 
 
 def default_key(pair: str) -> str:
