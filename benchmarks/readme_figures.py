@@ -61,7 +61,12 @@ THREADS = 1
 TIME = Tol(rel=0.5)  # CPU or wall seconds on a shared 2-core machine
 
 REPRO = "benchmarks/reproduction_table.py (its result file holds the command lines)"
-UNIFORM = doc_figures.UNIFORM
+
+
+def _width_command(model: str) -> str:
+    """The command of the figure of `model`'s width pair (`doc_figures.width_key`)."""
+    uniform = doc_figures.width_key(model) != f"{model}-width"
+    return f"benchmarks/default_many.py {model} --part width" + (" --lam-sampling uniform" if uniform else "")
 
 
 def _uniform(pair: str, command: str) -> str:
@@ -121,15 +126,15 @@ FIGURES = {f.name: f for f in (
            "benchmark", command="benchmarks/default_many.py gpt2 --part many"),
     Figure("default-many-llama", P("and {} against {} for Llama-style models ({} of it)"), "benchmark",
            command="benchmarks/default_many.py llama --part many"),
-    Figure("default-width-vit", P("barrier of {} where the\nbare expansion's is {} for ViTs ({} of it; weight matching "
+    Figure("default-width-vit", P("barrier of {} where the\nbare expansion's is {} for retrained ViTs ({} of it; weight matching "
                                   "alone: {} of it)"), "benchmark",
-           command="benchmarks/default_many.py vit --part width --lam-sampling uniform"),
+           command=_width_command("vit")),
     Figure("default-many-vit-earlier", P("left four ViTs an excess of {} ({} of plain averaging's)"), "benchmark",
            command="benchmarks/default_many.py vit --part many --epochs 4 --extend 2"),
     Figure("default-width-gpt2", P("{} against {}\nfor character GPT-2s ({} of it; weight matching alone: {} of it)"),
-           "benchmark", command="benchmarks/default_many.py gpt2 --part width --lam-sampling uniform"),
+           "benchmark", command=_width_command("gpt2")),
     Figure("default-width-llama", P("and {} against {} for\nLlama-style models ({} of it; weight matching alone: {} of it)"),
-           "benchmark", command="benchmarks/default_many.py llama --part width --lam-sampling uniform"),
+           "benchmark", command=_width_command("llama")),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------
@@ -196,18 +201,18 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-many-llama": (R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)"),
                            R("default_many", "llama-many", "4 llama", "plain excess / simplex"),
                            R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)", k=2)),
-    "default-width-gpt2": (R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "default dual (ratio)"),
-                           R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "bare expansion"),
-                           R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "default dual (ratio)", k=1),
-                           R("default_many", "gpt2-width" + UNIFORM, "gpt2:", "weight (ratio)", k=1)),
-    "default-width-llama": (R("default_many", "llama-width" + UNIFORM, "llama:", "default dual (ratio)"),
-                            R("default_many", "llama-width" + UNIFORM, "llama:", "bare expansion"),
-                            R("default_many", "llama-width" + UNIFORM, "llama:", "default dual (ratio)", k=1),
-                            R("default_many", "llama-width" + UNIFORM, "llama:", "weight (ratio)", k=1)),
-    "default-width-vit": (R("default_many", "vit-width" + UNIFORM, "vit:", "default dual (ratio)"),
-                          R("default_many", "vit-width" + UNIFORM, "vit:", "bare expansion"),
-                          R("default_many", "vit-width" + UNIFORM, "vit:", "default dual (ratio)", k=1),
-                          R("default_many", "vit-width" + UNIFORM, "vit:", "weight (ratio)", k=1)),
+    "default-width-gpt2": (R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "default dual (ratio)"),
+                           R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "bare expansion"),
+                           R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "default dual (ratio)", k=1),
+                           R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "weight (ratio)", k=1)),
+    "default-width-llama": (R("default_many", doc_figures.width_key("llama"), "llama:", "default dual (ratio)"),
+                            R("default_many", doc_figures.width_key("llama"), "llama:", "bare expansion"),
+                            R("default_many", doc_figures.width_key("llama"), "llama:", "default dual (ratio)", k=1),
+                            R("default_many", doc_figures.width_key("llama"), "llama:", "weight (ratio)", k=1)),
+    "default-width-vit": (R("default_many", doc_figures.width_key("vit"), "vit:", "default dual (ratio)"),
+                          R("default_many", doc_figures.width_key("vit"), "vit:", "bare expansion"),
+                          R("default_many", doc_figures.width_key("vit"), "vit:", "default dual (ratio)", k=1),
+                          R("default_many", doc_figures.width_key("vit"), "vit:", "weight (ratio)", k=1)),
 }
 FIGURES = {n: dataclasses.replace(f, refs=REFS[n]) if f.kind == "benchmark" else f for n, f in FIGURES.items()}
 assert not FIGURES.keys() & doc_figures.FIGURES.keys(), "a figure's name is on two pages"
