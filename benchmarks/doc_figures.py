@@ -180,6 +180,10 @@ _FIGURES = [
            refs=(_dual("neox-wiki-char-demo"), _dual("neox-wiki-char-demo" + UNIFORM),
                  _dual("llama-wiki-char-demo"), _dual("llama-wiki-char-demo" + UNIFORM)),
            command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
+    Figure("learned-dual-peak-rot50", P("of each head, both runs on one retraining, peak left {} against {}."), "benchmark",
+           refs=(_dual("neox-rot50-char-demo"), _dual("neox-rot50-char-demo" + UNIFORM)),
+           command="benchmarks/default_dual.py neox-rot50-char-demo [--lam-sampling uniform]",
+           page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-retrained", P("peak left {} against {} (a\n  second Llama-style pair), {} against {} (Llama-style "
                                             "without grouped-query attention), {} against {} (GPT-NeoX with RoPE on "
                                             "the whole head) and {} against {} (GPT-2 on WikiText-2)"), "benchmark",
