@@ -153,6 +153,12 @@ _FIGURES = [
     Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
+    Figure("limitations-rotary-retrained", P("retraining of the Llama demo pair (plain averaging's barrier {} where the first "
+                                             "training's is {}) it\n  leaves {}, and twelve epochs instead of eight {}."),
+           "benchmark", refs=(Ref("default_dual", "llama-char-demo-retrained", "llama-char-demo-retrained", "plain"),
+                              Ref("default_dual", "llama-char-demo", "llama-char-demo", "plain"),
+                              _dual("llama-char-demo-retrained"), _dual("llama-char-demo-epochs12-retrained")),
+           command="benchmarks/default_dual.py llama-char-demo [--epochs 12]", page=LIMITATIONS),
     Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",
            refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
