@@ -56,7 +56,7 @@ def _many_minutes(model: str) -> Sum:
 #: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
 UNIFORM = "-lam-samplinguniform"
 #: the default_dual pairs whose default run is not recorded yet: their figures are the uniform-draw run's
-UNIFORM_ONLY = ("neox-rot06-char-demo",)
+UNIFORM_ONLY: tuple[str, ...] = ()
 
 
 def default_key(pair: str) -> str:
@@ -164,11 +164,12 @@ _FIGURES = [
            command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("limitations-rotary-neox", P("GPT-NeoX pair with RoPE on the whole head leaves {}, where the\n  NeoX demo pair"),
            "benchmark", refs=(_dual("neox-rot100-char-demo"),), command="benchmarks/default_dual.py", page=LIMITATIONS),
-    Figure("limitations-rotary-fraction", P("dual matching leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
-                                            "{} (half) and {} (the whole head)"), "benchmark",
-           refs=tuple(_dual(p + UNIFORM) for p in ("neox-rot06-char-demo", "neox-char-demo", "neox-rot50-char-demo",
-                                                  "neox-rot100-char-demo")),
-           command="benchmarks/default_dual.py NAME --lam-sampling uniform", page=LIMITATIONS),
+    Figure("limitations-rotary-fraction", P("the default leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
+                                            "{} (half) and {} (the whole head) of plain averaging's barrier, and uniform "
+                                            "λ\n  draws {}, {}, {} and {}."), "benchmark",
+           refs=tuple(_dual(p + u) for u in ("", UNIFORM) for p in ("neox-rot06-char-demo", "neox-char-demo",
+                                                                  "neox-rot50-char-demo", "neox-rot100-char-demo")),
+           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page=LIMITATIONS),
     Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
            "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
