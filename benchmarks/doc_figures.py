@@ -55,13 +55,6 @@ def _many_minutes(model: str) -> Sum:
 
 #: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
 UNIFORM = "-lam-samplinguniform"
-#: the default_dual pairs whose default run is not recorded yet: their figures are the uniform-draw run's
-UNIFORM_ONLY: tuple[str, ...] = ()
-
-
-def default_key(pair: str) -> str:
-    """The default_dual record of `pair`'s dual run at the defaults, or with uniform draws (`UNIFORM_ONLY`)."""
-    return pair + UNIFORM if pair in UNIFORM_ONLY else pair
 
 
 def _epochs(pair: str) -> tuple[Ref, Ref]:
@@ -88,8 +81,8 @@ def _width(model: str, column: str, uniform: bool | None = None) -> Ref:
 
 
 def _dual(pair: str) -> Ref:
-    """The dual's share of plain averaging's test barrier on a demo pair: record `pair` (`default_key(pair)` for the
-    pair's default run, or its uniform run where that is all there is)."""
+    """The dual's share of plain averaging's test barrier on a demo pair: record `pair` (the pair's name for its default
+    run, `+ UNIFORM` for its run with uniform λ draws)."""
     return Ref("default_dual", pair, pair, "dual / plain")
 
 

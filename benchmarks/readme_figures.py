@@ -65,13 +65,9 @@ REPRO = "benchmarks/reproduction_table.py (its result file holds the command lin
 
 def _width_command(model: str) -> str:
     """The command of the figure of `model`'s width pair (`doc_figures.width_key`)."""
-    uniform = doc_figures.width_key(model) != f"{model}-width"
+    uniform = model in doc_figures.WIDTH_UNIFORM_ONLY
     return f"benchmarks/default_many.py {model} --part width" + (" --lam-sampling uniform" if uniform else "")
 
-
-def _uniform(pair: str, command: str) -> str:
-    """The command of the figure of default_dual pair `pair` (`doc_figures.default_key`)."""
-    return command + " --lam-sampling uniform" if doc_figures.default_key(pair) != pair else command
 
 FIGURES = {f.name: f for f in (
     Figure("demo", P("`symmerge demo` on a fresh folder at 1 thread (`OMP_NUM_THREADS=1`; about {} CPU seconds;")
@@ -99,21 +95,21 @@ FIGURES = {f.name: f for f in (
     Figure("default-dual-llama", P("(RoPE on the whole head) {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py llama-char-demo"),
     Figure("default-dual-llama23", P("seeds 2 and 3, {} against {}: {} of it"), "benchmark",
-           command=_uniform("llama-char-demo-seeds23", "benchmarks/default_dual.py llama-char-demo --seeds 2,3")),
+           command="benchmarks/default_dual.py llama-char-demo --seeds 2,3"),
     Figure("default-dual-llama-mha", P("attention {} against {}: {} of it"), "benchmark",
-           command=_uniform("llama-mha-char-demo", "benchmarks/default_dual.py llama-mha-char-demo")),
+           command="benchmarks/default_dual.py llama-mha-char-demo"),
     Figure("default-dual-neox-rot100", P("RoPE on the whole head {} against\n{}: {} of it"), "benchmark",
-           command=_uniform("neox-rot100-char-demo", "benchmarks/default_dual.py neox-rot100-char-demo")),
+           command="benchmarks/default_dual.py neox-rot100-char-demo"),
     Figure("default-dual-gpt2", P("character GPT-2 demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py gpt2-char-demo"),
     Figure("default-dual-vit", P("MNIST ViT demo pair {} against {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py vit-demo"),
     Figure("default-dual-neox-rot50", P("on half of each head {} against {}: {} of it"), "benchmark",
-           command=_uniform("neox-rot50-char-demo", "benchmarks/default_dual.py neox-rot50-char-demo")),
+           command="benchmarks/default_dual.py neox-rot50-char-demo"),
     Figure("default-dual-neox-rot06", P("on a sixteenth {}\nagainst {}: {} of it"), "benchmark",
-           command=_uniform("neox-rot06-char-demo", "benchmarks/default_dual.py neox-rot06-char-demo")),
+           command="benchmarks/default_dual.py neox-rot06-char-demo"),
     Figure("default-dual-gpt2-wiki", P("{} against {} for GPT-2 ({} of it,"), "benchmark",
-           command=_uniform("gpt2-wiki-char-demo", "benchmarks/default_dual.py gpt2-wiki-char-demo")),
+           command="benchmarks/default_dual.py gpt2-wiki-char-demo"),
     Figure("default-dual-neox-wiki", P("{} against {} for GPT-NeoX ({} of it)"), "benchmark",
            command="benchmarks/default_dual.py neox-wiki-char-demo"),
     Figure("default-dual-llama-wiki", P("{} against {} for the\nLlama-style pair ({} of it)"), "benchmark",
@@ -180,8 +176,7 @@ REFS: dict[str, tuple[Ref, ...]] = {
                     _demo("activation matching", "Llama"), _seed(LLAMA_S, "learned (1e-2)"), _seed(LLAMA_S, "dual (5e-3)")),
     "table-neox": (_demo("plain averaging", "NeoX"), R(RT, "single-seed-neox", "weight matching", BAR),
                    _demo("activation matching", "NeoX"), _seed(NEOX_S, "learned (1e-2)"), _seed(NEOX_S, "dual (5e-3)")),
-    **{f"default-dual-{short}": tuple(R("default_dual", doc_figures.default_key(key), doc_figures.default_key(key), c)
-                                      for c in ("default dual", "plain", "dual / plain"))
+    **{f"default-dual-{short}": tuple(R("default_dual", key, key, c) for c in ("default dual", "plain", "dual / plain"))
        for short, key in (("neox", "neox-char-demo"), ("llama", "llama-char-demo"), ("llama23", "llama-char-demo-seeds23"),
                           ("llama-mha", "llama-mha-char-demo"), ("neox-rot100", "neox-rot100-char-demo"),
                           ("gpt2", "gpt2-char-demo"), ("vit", "vit-demo"), ("gpt2-wiki", "gpt2-wiki-char-demo"),
@@ -201,18 +196,10 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "default-many-llama": (R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)"),
                            R("default_many", "llama-many", "4 llama", "plain excess / simplex"),
                            R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)", k=2)),
-    "default-width-gpt2": (R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "default dual (ratio)"),
-                           R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "bare expansion"),
-                           R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "default dual (ratio)", k=1),
-                           R("default_many", doc_figures.width_key("gpt2"), "gpt2:", "weight (ratio)", k=1)),
-    "default-width-llama": (R("default_many", doc_figures.width_key("llama"), "llama:", "default dual (ratio)"),
-                            R("default_many", doc_figures.width_key("llama"), "llama:", "bare expansion"),
-                            R("default_many", doc_figures.width_key("llama"), "llama:", "default dual (ratio)", k=1),
-                            R("default_many", doc_figures.width_key("llama"), "llama:", "weight (ratio)", k=1)),
-    "default-width-vit": (R("default_many", doc_figures.width_key("vit"), "vit:", "default dual (ratio)"),
-                          R("default_many", doc_figures.width_key("vit"), "vit:", "bare expansion"),
-                          R("default_many", doc_figures.width_key("vit"), "vit:", "default dual (ratio)", k=1),
-                          R("default_many", doc_figures.width_key("vit"), "vit:", "weight (ratio)", k=1)),
+    **{f"default-width-{m}": tuple(R("default_many", doc_figures.width_key(m), f"{m}:", c, k=k)
+                                   for c, k in (("default dual (ratio)", 0), ("bare expansion", 0),
+                                                ("default dual (ratio)", 1), ("weight (ratio)", 1)))
+       for m in ("gpt2", "llama", "vit")},
 }
 FIGURES = {n: dataclasses.replace(f, refs=REFS[n]) if f.kind == "benchmark" else f for n, f in FIGURES.items()}
 assert not FIGURES.keys() & doc_figures.FIGURES.keys(), "a figure's name is on two pages"

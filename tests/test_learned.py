@@ -90,7 +90,6 @@ def test_resume_equals_uninterrupted(pair, tmp_path, sampling):
     with pytest.raises(SymmergeError, match="lr=0.1"):
         learn(a, b, train, val, dataclasses.replace(cfg, lr=0.2), init=init, checkpoint=tmp_path / "cut", resume=True)
     flip = {"uniform": "peak", "peak": "uniform"}[sampling]
-    # a uniform run's checkpoint leaves the sampling out (as those written before the option did): read as uniform
     with pytest.raises(SymmergeError, match=f"lam_sampling='{sampling}', not '{flip}'"):
         learn(a, b, train, val, dataclasses.replace(cfg, lam_sampling=flip), init=init, checkpoint=tmp_path / "cut",
               resume=True)

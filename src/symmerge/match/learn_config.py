@@ -57,8 +57,8 @@ EXTEND = 1.0
 #: data per training batch of the full recipe, in tokens (an image counts its patches and CLS token):
 #: 16 windows of 64 characters, 4 of 256, 60 MNIST images of 16 patches, as the recorded recipes used
 BATCH_TOKENS = 1024
-#: settings a checkpoint leaves out when they hold these values (those written before the setting existed had
-#: them): `LearnConfig.settings` drops them, and a checkpoint without one is read as having this value
+#: settings a checkpoint may lack, with the value a run had before they were written (`learn_loop.Run.load`
+#: reads a checkpoint without one as holding this value)
 IMPLIED = {"lam_sampling": "uniform", "extend": 1}
 
 RECIPES = {
@@ -222,4 +222,4 @@ class LearnConfig:
         skip = {"progress", "checkpoint_every", "device", "recompute"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["lam_range"] = list(out["lam_range"])
-        return {k: v for k, v in out.items() if not (k in IMPLIED and v == IMPLIED[k])}
+        return out

@@ -122,7 +122,7 @@ class Run:
 
     def load(self) -> None:
         tensors, meta = load_state(self.ckpt)
-        check_settings({**IMPLIED, **meta["settings"]}, {**IMPLIED, **self.settings()}, self.ckpt)
+        check_settings({**IMPLIED, **meta["settings"]}, self.settings(), self.ckpt)
         for k, v in self.learner.start_tensors().items():
             if not torch.equal(tensors[f"init.{k}"], v):
                 raise SymmergeError(f"the checkpoint in {self.ckpt} started from a different initial element; "
@@ -258,8 +258,6 @@ class Run:
             **self.objective.report(m["history"], m["best_step"], m["endpoint_losses"]),
             "best_step": m["best_step"], "stopped_early": m["stopped_early"], "diverged": m["diverged"],
             "parameterisation": {s.group: (s.param.method if s.param else "straight-through") for s in learner.slots},
-            "fixed_groups": learner.fixed_groups, "history": m["history"],
-            # every setting, those a checkpoint leaves out at their implied values too (the report and card say them)
-            "settings": {**self.cfg.settings(), **{k: getattr(self.cfg, k) for k in IMPLIED}},
+            "fixed_groups": learner.fixed_groups, "settings": self.cfg.settings(), "history": m["history"],
         }
         return Result(learner.final_elements(), report)

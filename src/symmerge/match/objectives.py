@@ -66,7 +66,7 @@ def peak_lambda(lams: list[float], losses: list, lam_range, u: list[float]) -> f
     return min(max(lams[inside[k]] + (2 * u[2] - 1) * half, lo), hi)
 
 
-def sampling_of(cfg: LearnConfig, samplings: tuple[str, ...], why: str = "") -> str:
+def sampling_of(cfg: LearnConfig, samplings: tuple[str, ...], why: str) -> str:
     """The λ sampling a run under `cfg` takes: `cfg.lam_sampling`, or the first of the objective's `samplings` where
     it names none; one the objective cannot draw raises, saying `why`."""
     chosen = cfg.lam_sampling or samplings[0]
@@ -91,7 +91,7 @@ class PathObjective:
 
     def __init__(self, cfg: LearnConfig):
         self.cfg = cfg
-        self.sampling = sampling_of(cfg, self.SAMPLINGS)
+        self.sampling = sampling_of(cfg, self.SAMPLINGS, "a path between two models")
         self.lams = grid(cfg.grid_points)
         self.ends, self.inner = [0.0, 1.0], self.lams[1:-1]
 
