@@ -18,14 +18,12 @@ batches).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
 import record
 import torch
 
-from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import identity_element
 from symmerge.algebra.families import FFN_PERM, GLU_SCALE, HEAD_CIRCUIT, RESIDUAL_ROTATION
 from symmerge.data.batches import load_batches
@@ -62,7 +60,7 @@ def main() -> None:
     rows = []
 
     def row(name, g, seconds=0.0):
-        r = barrier(a, dataclasses.replace(b, params=apply(spec, g, b.params)), test, points=11, progress=False)
+        r = barrier(a, b.moved(g), test, points=11, progress=False)
         rows.append([name, f"{r['barrier']:.4f}", f"{r['accuracy_barrier']:.4f}", f"{r['loss'][5]:.3f}",
                      f"{seconds:.1f}"])
         print("| " + " | ".join(rows[-1]) + " |", flush=True)

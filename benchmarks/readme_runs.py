@@ -46,9 +46,7 @@ def demo(root: Path) -> list[str]:
 def demo_scale(root: Path) -> list[str]:
     """Weight matching on the demo's pair without and with the residual scale (`--groups all`), the demo's
     settings (20 sweeps) and test batches: the two barriers, 3 decimals (the first is the demo row's)."""
-    import dataclasses
 
-    from symmerge.algebra.apply import apply
     from symmerge.data.batches import load_batches
     from symmerge.evaluation.barrier_pair import barrier
     from symmerge.match import registry
@@ -62,6 +60,6 @@ def demo_scale(root: Path) -> list[str]:
     out = []
     for families in (b.spec.default_families(), b.spec.families()):
         res = registry.align("weight", a, b, families, None, {"max_iters": args.match_iters}, progress=False)
-        aligned = dataclasses.replace(b, params=apply(b.spec, res.elements["B"], b.params))
+        aligned = b.moved(res.elements["B"])
         out.append(f"{barrier(a, aligned, test, points=11, progress=False)['barrier']:.3f}")
     return out

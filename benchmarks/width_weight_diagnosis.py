@@ -18,14 +18,12 @@ the weight-space objective and the function disagree on this pair.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
 import record
 import torch
 
-from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import identity_element
 from symmerge.data.batches import load_batches
 from symmerge.evaluation.barrier_pair import barrier
@@ -58,9 +56,9 @@ def main() -> None:
     rows = []
 
     def row(name, a, b, g, seconds=0.0):
-        moved = apply(spec, g, b.params)
-        similarity = State(spec, float64(a.params), float64(moved), identity).similarity()  # weight matching's objective
-        r = barrier(a, dataclasses.replace(b, params=moved), test, points=11, progress=False)
+        moved = b.moved(g)
+        similarity = State(spec, float64(a.params), float64(moved.params), identity).similarity()  # weight matching's objective
+        r = barrier(a, moved, test, points=11, progress=False)
         rows.append([name, f"{similarity:.3f}", f"{r['barrier']:.4f}", f"{r['barrier_lambda']:.1f}", f"{seconds:.1f}"])
         print("| " + " | ".join(rows[-1]) + " |", flush=True)
 

@@ -17,13 +17,11 @@ that pair; where the ratio differs widely across narrow seeds, one pair's figure
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import record
 import torch
 
-from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import identity_element, random_element
 from symmerge.algebra.spec import FFN_PERM, HEAD_PERM, RESIDUAL_ROTATION
 from symmerge.data.batches import load_batches
@@ -48,17 +46,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     test = load_batches(args.wide, args.data, "test", batch_size=args.batch_size, max_batches=args.max_batches)
 
-    def loss_barrier(a, b, spec, g) -> float:
-        return barrier(a, dataclasses.replace(b, params=apply(spec, g, b.params)), test, points=11, progress=False)["barrier"]
+    def loss_barrier(a, b, g) -> float:
+        return barrier(a, b.moved(g), test, points=11, progress=False)["barrier"]
 
     pairs, restarts = [], []
     for i, path in enumerate(args.narrow):
         wide, narrow = widest(load_model(args.wide), load_model(path), "WIDE", "NARROW")
         spec = wide.spec
         families = spec.default_families()
-        bare = loss_barrier(narrow, wide, spec, identity_element(spec))
+        bare = loss_barrier(narrow, wide, identity_element(spec))
         found = weight_match(spec, narrow.params, wide.params, families)
-        wm = loss_barrier(narrow, wide, spec, found.g)
+        wm = loss_barrier(narrow, wide, found.g)
         pairs.append([Path(path).name, f"{bare:.4f}", f"{wm:.4f}", f"{wm / bare:.3f}", f"{found.history[-1]:.3f}"])
         print("| " + " | ".join(pairs[-1]) + " |", flush=True)
         if i:
@@ -67,7 +65,7 @@ def main() -> None:
         for seed in range(args.restarts):
             g0 = random_element(spec, torch.Generator().manual_seed(seed), [RESIDUAL_ROTATION, HEAD_PERM, FFN_PERM])
             again = weight_match(spec, narrow.params, wide.params, families, g0=g0)
-            b = loss_barrier(narrow, wide, spec, again.g)
+            b = loss_barrier(narrow, wide, again.g)
             restarts.append([f"random element, seed {seed}", f"{again.history[-1]:.3f}", f"{b:.4f}", f"{b / bare:.3f}"])
             print("| " + " | ".join(restarts[-1]) + " |", flush=True)
     key = f"into {Path(args.wide).name}"

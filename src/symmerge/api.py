@@ -67,7 +67,6 @@ def align(a, b, out=None, method: str = "weight", options: Options | dict | None
 
 
 def _align_in_memory(a, b, method, options, groups, data, split, seq_len, device, dtype, report, progress) -> Result:
-    from .algebra.apply import apply
     from .match import registry
     from .runtime import devices
     from .runtime.checks import check_report_file
@@ -84,8 +83,7 @@ def _align_in_memory(a, b, method, options, groups, data, split, seq_len, device
     found = registry.align(method, ma, mb, families, batches, opts, progress=progress, **runtime)
     rep = pair.summary(ma.path, mb.path, None, mb, found, families)
     sides = {"A": ma, "B": mb}
-    models = {s: dataclasses.replace(sides[s], params=apply(sides[s].spec, g, sides[s].params))
-              for s, g in found.elements.items()}
+    models = {s: sides[s].moved(g) for s, g in found.elements.items()}
     result = Result("align", rep, None, found.elements, models)
     if report:
         result.save(report)

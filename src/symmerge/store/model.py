@@ -8,7 +8,7 @@ import functools
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from ..adapters import adapter_for
 from ..adapters.base import Adapter
 from ..adapters.stored import StoredNames
+from ..algebra.apply import apply
 from ..algebra.shape import ModelShape
 from ..algebra.spec import Spec, build_spec
 from ..errors import SymmergeError
@@ -45,6 +46,12 @@ class Model:
     def as_model(self) -> Model:
         """Itself (a `LazyModel` is read into memory by its own `as_model`)."""
         return self
+
+    def moved(self, g) -> Model:
+        """The same checkpoint with its parameters under the group element `g` (`algebra.apply`): it computes
+        what this model computes wherever `g` lies in the spec's symmetry group, and only up to the rounding
+        of the dtype's products."""
+        return replace(self, params=apply(self.spec, g, self.params))
 
 
 def in_memory(source) -> bool:
