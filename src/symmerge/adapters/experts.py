@@ -82,9 +82,7 @@ class OlmoeAdapter(MixtureOfExperts, LlamaAdapter):
     name = "olmoe"
     hf_classes = ("OlmoeForCausalLM",)
     function_keys = ("norm_topk_prob",)
-
-    def shape(self, c) -> ModelShape:
-        return dataclasses.replace(super().shape(c), qk_norm="projection")
+    qk_norm = "projection"
 
 
 class Qwen3MoeAdapter(MixtureOfExperts, Qwen3Adapter):

@@ -33,7 +33,7 @@ DECODER_HOOKS = HookPoints(norms=("model.layers.{i}.input_layernorm", "model.lay
                            attention="model.layers.{i}.self_attn")
 
 
-def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config: bool) -> ModelShape:
+def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config: bool, qk_norm: str = "") -> ModelShape:
     d, h = c.hidden_size, c.num_attention_heads
     kv = getattr(c, "num_key_value_heads", None) or h
     dh = getattr(c, "head_dim", None) or d // h
@@ -44,7 +44,7 @@ def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config:
         rotary_dims=rotary_dims(c, dh), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
         eps=float(getattr(c, "rms_norm_eps", 1e-5)), eps_in_config=eps_in_config,
         activation=getattr(c, "hidden_act", None) or c.hidden_activation,
-        clip_qkv=getattr(c, "clip_qkv", None),
+        clip_qkv=getattr(c, "clip_qkv", None), qk_norm=qk_norm,
     )
 
 
@@ -151,10 +151,13 @@ class LlamaAdapter(Adapter):
     hooks = DECODER_HOOKS
     function_keys = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "rope_parameters",
                      "no_rope_layers")
+    #: the stock attention's norm of queries and keys (`ModelShape.qk_norm`): "" none, "head" one weight of length
+    #: d_head per head (Qwen3, EXAONE 4), "projection" one weight per entry of the whole projection (OLMo-2, OLMoE)
+    qk_norm = ""
 
     def shape(self, c) -> ModelShape:
         arch = (getattr(c, "architectures", None) or [self.hf_classes[0]])[0]
-        return _decoder_shape(self, c, arch if arch in self.hf_classes else self.hf_classes[0], "rmsnorm", True)
+        return _decoder_shape(self, c, arch if arch in self.hf_classes else self.hf_classes[0], "rmsnorm", True, self.qk_norm)
 
     def nope_layers(self, config) -> list[int]:
         """SmolLM3's `no_rope_layers` (1: RoPE, 0: none); other classes rotate every layer."""

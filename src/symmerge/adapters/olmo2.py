@@ -38,9 +38,10 @@ class Olmo2Adapter(LlamaAdapter):
                        final_norm="model.norm", ffn_hidden="model.layers.{i}.mlp.down_proj", block="model.layers.{i}",
                        attention="model.layers.{i}.self_attn", reads_inputs=True)
     function_keys = ()
+    qk_norm = "projection"
 
     def shape(self, c):
-        return dataclasses.replace(super().shape(c), qk_norm="projection", post_norm=True, pre_norms=False)
+        return dataclasses.replace(super().shape(c), post_norm=True, pre_norms=False)
 
     def block_to_canonical(self, get, s, i):
         hf, p = f"model.layers.{i}", f"blocks.{i}"
@@ -78,9 +79,7 @@ class Exaone4Adapter(Olmo3Adapter):
     name = "exaone4"
     hf_classes = ("Exaone4ForCausalLM",)
     function_keys = ("sliding_window", "sliding_window_pattern", "layer_types", "rope_parameters")
-
-    def shape(self, c):
-        return dataclasses.replace(super().shape(c), qk_norm="head")
+    qk_norm = "head"
 
     def nope_layers(self, config) -> list[int]:
         """With a sliding window, the stock attention rotates only its sliding layers; without one, every layer."""

@@ -12,14 +12,10 @@ hidden_size / num_heads).
 
 from __future__ import annotations
 
-import dataclasses
-
 from .llama import LlamaAdapter
 
 
 class Qwen3Adapter(LlamaAdapter):
     name = "qwen3"
     hf_classes = ("Qwen3ForCausalLM",)
-
-    def shape(self, c):
-        return dataclasses.replace(super().shape(c), qk_norm="head")
+    qk_norm = "head"
