@@ -18,6 +18,9 @@ from checks import assert_reported_gap, tolerance
 from factories import ARCHS, lm_batches, make_model, save_model
 from learned_common import plain_loss, quick
 from symmerge.algebra.elements import random_element
+from symmerge.evaluation.forward import model_inputs
+from symmerge.match import blockwise
+from symmerge.match.blockwise import BlockwiseForward, kept_for_backward
 from symmerge.match.frozen import Frozen
 from symmerge.match.learned import learn
 from symmerge.match.learner import Learner
@@ -107,20 +110,70 @@ def test_blockwise_loss_and_gradients_equal_the_plain_path(pairs, arch, method):
 
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "olmo", "vit"])
 def test_what_the_backward_recomputes_changes_nothing(pairs, arch):
-    """recompute="block" (weights and activations), "weights" (weights only, activations kept) and "none"
-    give bit-identical losses and gradients. Negative control: another lambda changes them."""
+    """recompute="block" (weights and activations), "weights" (weights only, activations kept), "none" and "auto"
+    (which keeps everything on a tiny model's batch) give bit-identical losses and gradients. Negative control:
+    another lambda changes them."""
     a, b, init = pairs[arch]
     batch = batch_for(arch)
     learner = Learner(a, b, quick(method="learned"), init)
     learner.forward.head_rows = 4
     runs = {}
-    for mode in ("none", "block", "weights"):
+    for mode in ("none", "block", "weights", "auto"):
         learner.forward.recompute = mode
         runs[mode] = loss_and_grads(learner, learner.loss(batch, LAM))
-    for mode in ("block", "weights"):
+        assert learner.forward.mode == ("none" if mode == "auto" else mode), f"{mode} ran as {learner.forward.mode}"
+    for mode in ("block", "weights", "auto"):
         assert runs[mode][0] == runs["none"][0] and all(torch.equal(g, r) for g, r in zip(runs[mode][1], runs["none"][1])), mode
     other = loss_and_grads(learner, learner.loss(batch, LAM + 0.1))
     assert other[0] != runs["none"][0] and not all(torch.equal(g, r) for g, r in zip(other[1], runs["none"][1]))
+
+
+def saved_bytes(step) -> int:
+    """Bytes of the distinct storages the autograd graph of `step()` saves for its backward."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "mixtral", "vit"])
+@pytest.mark.parametrize("size", [3, 48])
+def test_auto_recompute_estimates_what_keeping_everything_keeps(pairs, arch, size, monkeypatch):
+    """`kept_for_backward` bounds, from above and within 5x, the bytes that recompute="none" saves beyond "block"'s,
+    on a batch where the weights dominate and on one where the activations do; "auto" keeps everything below
+    `AUTO_KEEP_BYTES` and recomputes blocks above it."""
+    a, b, init = pairs[arch]
+    batch = batch_for(arch) if size == 3 else (
+        {"pixel_values": torch.randn(8 * size, 1, 8, 8, dtype=torch.float64), "labels": torch.randint(0, 10, (8 * size,))}
+        if arch == "vit" else lm_batches(1, 0, size=size, length=24)[0])
+    learner = Learner(a, b, quick(method="dual"), init)
+    kept = {}
+    for mode in ("block", "none"):
+        learner.forward.recompute = mode
+        kept[mode] = saved_bytes(lambda: learner.loss(batch, LAM))
+    inputs = model_inputs(batch, torch.float32)
+    estimate = kept_for_backward(a.shape, *blockwise._tokens(inputs, a.shape), 4)
+    measured = kept["none"] - kept["block"]
+    assert measured <= estimate <= 5 * measured, f"{arch}: estimate {estimate} for {measured} bytes kept"
+    learner.forward.recompute = "auto"
+    assert learner.forward.resolved(inputs) == "none"
+    monkeypatch.setattr(blockwise, "AUTO_KEEP_BYTES", estimate - 1)
+    assert learner.forward.resolved(inputs) == "block"
+
+
+def test_auto_recompute_is_block_over_sharded_endpoints(pairs):
+    """Endpoints whose parts are collectives (`Sharded`) take "block" under "auto": the choice may not follow one
+    process's batch. Control: the same endpoints, not collective, keep "auto"."""
+    a, b, _ = pairs["llama"]
+    ends = [Frozen(a), Frozen(b)]
+    assert BlockwiseForward(a, ends, torch.float32).recompute == "auto"
+    ends[1].collective = True
+    assert BlockwiseForward(a, ends, torch.float32).recompute == "block"
 
 
 def shifted_rows(part):

@@ -51,8 +51,11 @@ _ABSENT = torch.empty(0, dtype=torch.float64)
 #: what the backward recomputes of each block: "block" (its weights and activations: memory holds one
 #: block's, whatever the depth), "weights" (its materialised weights only; the activations of every block are
 #: kept, as in plain training: a forward less per step), "none" (nothing; every block's weights stay until the
-#: backward, as a whole-model forward holds them)
-RECOMPUTE = ("block", "weights", "none")
+#: backward, as a whole-model forward holds them), "auto" ("none" where `kept_for_backward` of the batch is at most
+#: `AUTO_KEEP_BYTES`, else "block": the small models whose steps the recomputation slows most, at little memory)
+RECOMPUTE = ("auto", "block", "weights", "none")
+#: recompute="auto": the most bytes a step may keep for the backward beyond "block"'s to run with nothing recomputed
+AUTO_KEEP_BYTES = 256 << 20
 #: part(key, rows=None): the canonical tensors of part `key` ("embed", a block index, "final") in the forward's
 #: dtype and device; with `rows` ({canonical name: indices, a slice, or None for all}), only those tensors, each
 #: restricted to those rows of axis 0 before it is acted on
@@ -211,10 +214,13 @@ class BlockwiseForward:
     `endpoints`: the `Frozen` models whose parts the forward will be fed (their attention biases decide
     whether the exported config has bias slots, as `export_config` decides for a checkpoint)."""
 
-    def __init__(self, model, endpoints: list[Frozen], dtype: torch.dtype, device=None, recompute: str = "block"):
+    def __init__(self, model, endpoints: list[Frozen], dtype: torch.dtype, device=None, recompute: str = "auto"):
         if recompute not in RECOMPUTE:
             raise SymmergeError(f"recompute must be one of {', '.join(RECOMPUTE)}, not {recompute!r}")
+        if recompute == "auto" and any(e.collective for e in endpoints):
+            recompute = "block"  # not decided by a process's own batch, and the order the sharded prefetch expects
         self.adapter, self.shape, self.dtype, self.device, self.recompute = model.adapter, model.shape, dtype, device, recompute
+        self.mode = "block"  # what the current forward's backward recomputes (`resolved`, set by `forward`)
         self.materialising = False
         large_frees_to_the_os()
         hooks = self.adapter.hooks
@@ -252,9 +258,9 @@ class BlockwiseForward:
                 self.materialising = False
             return functional_call(stock, tensors, a, k)
 
-        if self.recompute == "none" or not torch.is_grad_enabled():
+        if self.mode == "none" or not torch.is_grad_enabled():
             return run(*args, **kwargs)
-        context = {} if self.recompute == "block" else {"context_fn": self.keep_activations}
+        context = {} if self.mode == "block" else {"context_fn": self.keep_activations}
         return checkpoint(run, *args, use_reentrant=False, **context, **kwargs)
 
     def vocab_state(self, part: PartFn, vocab: Vocab, rows) -> Params:
@@ -294,23 +300,57 @@ class BlockwiseForward:
             names[:] = names or list(sd)  # the recomputation returns them in the first call's order
             return tuple(sd[n] for n in names)
 
-        run = checkpoint if self.recompute == "block" and torch.is_grad_enabled() else (lambda f, **_: f())
+        run = checkpoint if self.mode == "block" and torch.is_grad_enabled() else (lambda f, **_: f())
         values = run(ends, use_reentrant=False)
         return dict(zip(names, values))
 
     def forward(self, part: PartFn, batch: dict, labels: bool = True):
         """The stock model's output on `batch` with the weights `part` gives (with its loss when labelled)."""
         inputs = model_inputs(batch, self.dtype, self.device, labels=labels)
+        self.mode = self.resolved(inputs)
         self.current = part
         try:
             return functional_call(self.hf, self.end_state(part), args=(), kwargs=inputs)
         finally:
             self.current = None
 
+    def resolved(self, inputs: dict) -> str:
+        """What the backward recomputes on the batch of forward kwargs `inputs`: `recompute`, "auto" resolved by the
+        batch's `kept_for_backward`."""
+        if self.recompute != "auto":
+            return self.recompute
+        kept = kept_for_backward(self.shape, *_tokens(inputs, self.shape), self.dtype.itemsize)
+        return "none" if kept <= AUTO_KEEP_BYTES else "block"
+
     def loss(self, part: PartFn, batch: dict) -> torch.Tensor:
         if "labels" not in batch:
             raise SymmergeError("each batch needs 'labels' (the task loss is the HF model's loss)")
         return self.forward(part, batch).loss
+
+
+def _tokens(inputs: dict, shape) -> tuple[int, int]:
+    """(tokens, sequence length) of a batch's forward kwargs: its token ids', or an image's `n_positions` each."""
+    ids = inputs.get("input_ids")
+    if ids is not None:
+        return ids.numel(), ids.shape[-1]
+    images = next(v for v in inputs.values() if torch.is_tensor(v)).shape[0]
+    return images * shape.n_positions, shape.n_positions
+
+
+def kept_for_backward(shape, tokens: int, context: int, itemsize: int) -> int:
+    """Bytes that recompute="none" keeps for the backward beyond what "block" keeps, estimated from above: per
+    block, its weights four times (each endpoint moved by its element, their interpolation, the stock block's views)
+    and twice what a stock block saves per token (norm outputs, q, k, v, attention probabilities and output, the
+    MLP's hidden units of each chosen expert, residual sums), plus the head's rows (the vocabulary by d_model) and
+    the logits. Where it fails: a stock block that saves more per token than this counts (none of the supported
+    ones does at these factors); the memory a step takes besides is `learned_memory.py`'s."""
+    s = shape
+    experts = max(1, s.n_experts)
+    weights = s.d_model * (s.d_head * 2 * (s.n_heads + s.n_kv_heads) + s.d_mlp * (3 if s.gated else 2) * experts)
+    per_token = (8 * s.d_model + 6 * s.n_heads * s.d_head + s.n_heads * context
+                 + (4 if s.gated else 2) * s.d_mlp * max(1, s.experts_per_token))
+    ends = 4 * s.vocab * s.d_model + 2 * tokens * s.vocab
+    return (s.n_layers * (4 * weights + 2 * tokens * per_token) + ends) * itemsize
 
 
 def _config_probe(endpoints: list[Frozen], shape) -> Params:

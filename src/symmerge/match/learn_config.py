@@ -164,7 +164,7 @@ class LearnConfig:
     anchor: str = "residual"  # "residual" (g = h∘g0, h from the identity) or "absolute"
     dtype: str = "float32"  # of the HF forward (a DTYPES key); group algebra is always float64
     device: str = "cpu"  # where the forward runs: "cpu", "cuda" or "cuda:N" (checked by symmerge.runtime.devices)
-    recompute: str = "block"  # what the backward recomputes per block (blockwise.RECOMPUTE); never changes a result
+    recompute: str = "auto"  # what the backward recomputes per block (blockwise.RECOMPUTE); never changes a result
     checkpoint_every: int = 50
     progress: bool = True
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 from ..errors import SymmergeError
 from ..runtime.values import argument_type, at_least, seed
 from .activation_blocks import BLOCKS
-from .blockwise import RECOMPUTE
+from .blockwise import AUTO_KEEP_BYTES, RECOMPUTE
 from .learn_config import (
     BATCH_TOKENS,
     EVALUATIONS,
@@ -212,8 +212,8 @@ class LearnedOptions(WeightOptions):
                                            recipe="val_batches")
     val_data: str | None = option(None, "a data set that chooses the best state, all of it (default: the validation "
                                   "split of --data)")
-    recompute: str = option(LearnConfig.recompute, "what the backward recomputes: block (least memory), weights "
-                            "(faster) or none; the same result", choices=RECOMPUTE)
+    recompute: str = option(LearnConfig.recompute, "what the backward recomputes: block, weights, none, or auto "
+                            f"(none if that keeps <= {AUTO_KEEP_BYTES >> 20} MiB more)", choices=RECOMPUTE)
     val_points: int | None = option(None, "λ grid of the validation barrier, endpoints included", at_least(3),
                                     recipe="grid_points")
 
@@ -252,6 +252,6 @@ def learn_config(method: str, families, opts: dict, progress: bool = True, devic
                       lam_sampling=opts["lam_sampling"], seed=opts["seed"], eval_every=opts["eval_every"],
                       patience=opts["patience"], extend=opts["extend"], grid_points=opts["val_points"],
                       val_batches=opts["val_batches"],
-                      progress=progress, device=device, dtype=dtype, recompute=opts.get("recompute") or "block")
+                      progress=progress, device=device, dtype=dtype, recompute=opts.get("recompute") or LearnConfig.recompute)
     cfg.validate()
     return cfg

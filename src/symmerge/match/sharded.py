@@ -76,6 +76,8 @@ def _placement(size: int):
 class Sharded(Parts):
     """One endpoint's frozen tensors sharded over the ranks of `group` by FSDP2 (see the module docstring)."""
 
+    collective = True
+
     def __init__(self, source, group, device=None, transform=None, dtype=None, keys=None):
         large_frees_to_the_os()  # each part's whole transient, freed once sharded, must not stay resident
         self.shape, self.spec, self.group = source.shape, source.spec, group

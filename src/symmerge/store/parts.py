@@ -50,6 +50,10 @@ def part_of(name: str):
 class Parts(Protocol):
     """Canonical tensors, one part at a time (see the module docstring)."""
 
+    #: `part` is a collective of the run's processes (sharded endpoints): every process must ask for the same parts
+    #: in the same order, whatever its own batch
+    collective: bool = False
+
     def part(self, key) -> Params:
         """The canonical tensors of part `key` ("embed", a block index, "final")."""
         ...
