@@ -216,6 +216,7 @@ NOT_FIGURES = not_figures({
         "standard error is at most 0.002 nats", "lower than the one before by more than 0.001 nats",
         "(90-95% of its windows)"),
     "examples of the end line's wording": ('("after it rose to 0.031", "stayed within +0.001 over 4 evaluations"',),
+    "a setting (recompute=auto's bound, blockwise.AUTO_KEEP_BYTES)": ("is at most 256 MiB for the batch",),
 }, page="docs/guides/learned-dual.md") + not_figures({
     "a configuration (the device mesh of a test)": ("a 1-D and a 2 x 2 mesh",),
     "a tolerance (what the distributed tests hold a few steps to)": ("compare a few steps to 1e-5 relative",),
