@@ -56,22 +56,25 @@ def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | Non
 @dataclass(frozen=True)
 class Variant:
     """The flags a benchmark run adds to the default `align --method dual` / `merge --method dual`: the length
-    (`--epochs`, `--extend`) and the λ sampling (`--lam-sampling`); none given is the default recipe (`Variant()`)."""
+    (`--epochs`, `--extend`), the λ sampling (`--lam-sampling`) and what the backward recomputes (`--recompute`: the
+    same result, another time); none given is the default recipe (`Variant()`)."""
 
     epochs: float | None = None
     extend: float | None = None
     lam_sampling: str | None = None
+    recompute: str | None = None
 
     def _given(self) -> list[tuple[str, str]]:
-        values = (("epochs", self.epochs), ("extend", self.extend), ("lam-sampling", self.lam_sampling))
+        values = (("epochs", self.epochs), ("extend", self.extend), ("lam-sampling", self.lam_sampling),
+                  ("recompute", self.recompute))
         return [(k, v if isinstance(v, str) else f"{v:g}") for k, v in values if v is not None]
 
     def flags(self) -> list[str]:
-        """The run's flags: `--epochs E`, `--extend X` and `--lam-sampling S` where given."""
+        """The run's flags: `--epochs E`, `--extend X`, `--lam-sampling S` and `--recompute R` where given."""
         return [x for k, v in self._given() for x in (f"--{k}", v)]
 
     def suffix(self) -> str:
-        """The label's ending: `-epochsE-extendX-lam-samplingS` for what is given, nothing for the default."""
+        """The label's ending: `-epochsE-extendX-lam-samplingS-recomputeR` for what is given, nothing for the default."""
         return "".join(f"-{k}{v}" for k, v in self._given())
 
     def words(self) -> str:
@@ -84,16 +87,17 @@ DEFAULT = Variant()
 
 
 def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
-    """`--epochs`, `--extend` and `--lam-sampling` for the dual runs of a benchmark whose records are labelled `what`."""
+    """`--epochs`, `--extend`, `--lam-sampling` and `--recompute` for the dual runs of a benchmark whose records are labelled `what`."""
     ap.add_argument("--epochs", type=float, default=None, help=f"the dual runs' --epochs instead of the default "
                     f"recipe's (records {what}-epochsE)")
     ap.add_argument("--extend", type=float, default=None, help="the dual runs' --extend")
     ap.add_argument("--lam-sampling", default=None, help="the dual runs' --lam-sampling (records ...-lam-samplingS)")
+    ap.add_argument("--recompute", default=None, help="the dual runs' --recompute (records ...-recomputeR)")
 
 
 def parse_variant(args: argparse.Namespace) -> Variant:
     """The `Variant` of a benchmark's parsed `add_variant` flags."""
-    return Variant(args.epochs, args.extend, args.lam_sampling)
+    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute)
 
 
 def test_args(vision: bool) -> list[str]:

@@ -190,5 +190,7 @@ def test_the_default_benchmarks_label_runs_of_other_lengths_apart():
     assert Variant(4.0, 2.0).suffix() == "-epochs4-extend2" and Variant(4.0, 2.0).words() == " with --epochs 4 --extend 2"
     assert Variant(lam_sampling="peak").flags() == ["--lam-sampling", "peak"]
     assert Variant(lam_sampling="peak").suffix() == "-lam-samplingpeak"
+    assert Variant(4.0, recompute="block").suffix() == "-epochs4-recomputeblock"
+    assert Variant(recompute="block").flags() == ["--recompute", "block"]
     assert default_dual.pair_label("p", (0, 1), Variant(4.0, 2.0)) == "p-epochs4-extend2"
     assert default_dual.pair_label("p", (2, 3)) == "p-seeds23"
