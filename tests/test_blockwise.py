@@ -166,6 +166,19 @@ def test_auto_recompute_estimates_what_keeping_everything_keeps(pairs, arch, siz
     assert learner.forward.resolved(inputs) == "block"
 
 
+@pytest.mark.parametrize("d, layers, heads, tokens", [(768, 12, 12, 512), (2048, 24, 16, 64)])
+def test_auto_recompute_keeps_block_at_pythia_shapes(d, layers, heads, tokens):
+    """At Pythia-160M and -1.4B shapes in bf16 (where `learned_memory.py` holds the memory target) "auto" recomputes
+    each block, even for one short window."""
+    from symmerge.algebra.shape import ModelShape
+
+    shape = ModelShape(arch="gpt_neox", hf_class="GPTNeoXForCausalLM", d_model=d, n_layers=layers, n_heads=heads,
+                       n_kv_heads=heads, d_head=d // heads, d_mlp=4 * d, vocab=50304, norm="layernorm", gated=False,
+                       parallel=True, rotary_dims=d // heads // 4, rotary_layout="half", tied=False, eps=1e-5,
+                       eps_in_config=True, activation="gelu")
+    assert kept_for_backward(shape, tokens, tokens, 2) > blockwise.AUTO_KEEP_BYTES
+
+
 def test_auto_recompute_is_block_over_sharded_endpoints(pairs):
     """Endpoints whose parts are collectives (`Sharded`) take "block" under "auto": the choice may not follow one
     process's batch. Control: the same endpoints, not collective, keep "auto"."""
