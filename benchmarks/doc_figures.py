@@ -155,6 +155,12 @@ _FIGURES = [
     Figure("limitations-rotary-neox-retrained", P("on a retraining of the GPT-NeoX demo pair {}\n  and {}."), "benchmark",
            refs=(_dual("neox-char-demo-retrained"), _dual("neox-char-demo-epochs12-retrained")),
            command="benchmarks/default_dual.py neox-char-demo [--epochs 12]", page=LIMITATIONS),
+    Figure("limitations-rotary-epochs12", P("too: {}\n  against {} (Llama-style, seeds 2 and 3), {} against {} (Llama-style "
+                                            "without GQA), {} against\n  {} (NeoX, half of each head rotary) and {} "
+                                            "against {} (NeoX, the whole head)"), "benchmark",
+           refs=tuple(_dual(p + e) for p in ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot50-char-demo",
+                                              "neox-rot100-char-demo") for e in ("-epochs12", "")),
+           command="benchmarks/default_dual.py NAME [--seeds 2,3] [--epochs 12]", page=LIMITATIONS),
     Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",
            refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
