@@ -20,6 +20,8 @@ Each name is a family of models that differ only in the seed (`{seed}` in the fo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import shlex
 import subprocess
@@ -157,11 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             if (Path(folder) / "model.safetensors").is_file():
                 print(f"skip {folder} (trained)")
             else:
-                todo.append(train)
+                todo.append((folder, train))
 
-    def run(train: list[str]) -> None:
-        print("symmerge " + shlex.join(train), flush=True)
-        subprocess.run([sys.executable, "-m", "symmerge", *train], check=True, stdout=subprocess.DEVNULL)
+    def run(job: tuple[str, list[str]]) -> None:
+        folder, train = job
+        with training_lock(Path(folder)):
+            if (Path(folder) / "model.safetensors").is_file():
+                print(f"skip {folder} (trained meanwhile by another pairs.py)", flush=True)
+                return
+            print("symmerge " + shlex.join(train), flush=True)
+            subprocess.run([sys.executable, "-m", "symmerge", *train], check=True, stdout=subprocess.DEVNULL)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -183,6 +190,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 COLUMNS = ["model", "steps", "training s", "train", "validation", "test", "test accuracy"]
+
+
+@contextlib.contextmanager
+def training_lock(folder: Path):
+    """Held while `folder` is trained: another process (two queues of benchmarks naming one model) waits here until
+    the first is done, then finds the model trained. The lock file (`.FOLDER.lock` beside it) is left in place."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def trained(folder: str) -> list[str]:

@@ -194,3 +194,28 @@ def test_the_default_benchmarks_label_runs_of_other_lengths_apart():
     assert Variant(recompute="block").flags() == ["--recompute", "block"]
     assert default_dual.pair_label("p", (0, 1), Variant(4.0, 2.0)) == "p-epochs4-extend2"
     assert default_dual.pair_label("p", (2, 3)) == "p-seeds23"
+
+
+def _spans(tmp_path, lock: str) -> list[tuple[float, float]]:
+    """(enter, leave) of two processes that each hold `lock` (an expression over `pairs` and the folder `f`) for 2 s."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; sys.path.insert(0, {bench!r}); from pathlib import Path; import contextlib, pairs\n"
+            "f = Path({folder!r})\n"
+            "with {lock}:\n"
+            "    print('in', time.monotonic(), flush=True); time.sleep(2.0); print('out', time.monotonic(), flush=True)\n")
+    source = code.format(bench=str(BENCH), folder=str(tmp_path / "runs" / "model-seed0"), lock=lock)
+    procs = [subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return sorted(tuple(float(line.split()[1]) for line in out.splitlines()) for out in outs)
+
+
+def test_pairs_training_lock_lets_one_process_train_a_model(tmp_path):
+    """Two processes naming one model: the second waits for the first's `training_lock`, then (in `pairs.main`) finds
+    the model trained. Control: with no lock their spans overlap."""
+    first, second = _spans(tmp_path, "pairs.training_lock(f)")
+    assert second[0] >= first[1], f"both held the lock at once: {first}, {second}"
+    first, second = _spans(tmp_path, "contextlib.nullcontext()")
+    assert second[0] < first[1], f"the control did not overlap: {first}, {second}"
