@@ -156,10 +156,12 @@ _FIGURES = [
            refs=(_dual("neox-char-demo-retrained"), _dual("neox-char-demo-epochs12-retrained")),
            command="benchmarks/default_dual.py neox-char-demo [--epochs 12]", page=LIMITATIONS),
     Figure("limitations-rotary-epochs12", P("too: {}\n  against {} (Llama-style, seeds 2 and 3), {} against {} (Llama-style "
-                                            "without GQA), {} against\n  {} (NeoX, half of each head rotary) and {} "
-                                            "against {} (NeoX, the whole head)"), "benchmark",
+                                            "without GQA), {} against\n  {} (NeoX, half of each head rotary), {} "
+                                            "against {} (NeoX, the whole head) and {} against {}\n  (GPT-2 on "
+                                            "WikiText-2), and kept {} on the NeoX pair a sixteenth rotary"), "benchmark",
            refs=tuple(_dual(p + e) for p in ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot50-char-demo",
-                                              "neox-rot100-char-demo") for e in ("-epochs12", "")),
+                                              "neox-rot100-char-demo", "gpt2-wiki-char-demo") for e in ("-epochs12", ""))
+           + (_dual("neox-rot06-char-demo-epochs12"),),
            command="benchmarks/default_dual.py NAME [--seeds 2,3] [--epochs 12]", page=LIMITATIONS),
     Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",
            refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo")),
