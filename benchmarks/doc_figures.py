@@ -47,10 +47,19 @@ def _many(model: str) -> Ref:
 
 
 def _many_minutes(model: str) -> Sum:
-    """The minutes the earlier default's dual merge of four demo models took: its timed parts (learning,
-    validating, past the plan, rate search), in seconds, summed."""
-    return Sum(tuple(Ref("default_many", f"{model}-many-epochs4-extend2", f"4 {model}",
-                         "time: learning, validating, past the plan, rate search (s)", k=k) for k in range(4)), scale=1 / 60)
+    """The minutes the earlier default's dual merge of four demo models took."""
+    return _minutes("default_many", f"{model}-many-epochs4-extend2", f"4 {model}")
+
+
+def _minutes(result: str, key: str, row: str) -> Sum:
+    """The minutes a benchmark's dual run took: its timed parts (learning, validating, past the plan, rate search), in
+    seconds, summed."""
+    return Sum(tuple(Ref(result, key, row, "time: learning, validating, past the plan, rate search (s)", k=k)
+                     for k in range(4)), scale=1 / 60)
+
+
+#: the GPT-2 demo pair's twelve-epoch run and the run of the recipe before eight epochs, side by side on one training
+GPT2_E12, GPT2_E4 = "gpt2-char-demo-epochs12", "gpt2-char-demo-epochs4-extend2-lam-samplinguniform-recomputeblock"
 
 
 #: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
@@ -163,6 +172,12 @@ _FIGURES = [
                                               "neox-rot100-char-demo", "gpt2-wiki-char-demo") for e in ("-epochs12", ""))
            + (_dual("neox-rot06-char-demo-epochs12"),),
            command="benchmarks/default_dual.py NAME [--seeds 2,3] [--epochs 12]", page=LIMITATIONS),
+    Figure("limitations-epochs12-cost", P("`--recompute auto` took {} min and left {} of plain averaging's barrier, where "
+                                          "four epochs learning on up\n  to eight with uniform λ draws and `--recompute "
+                                          "block` (the default before eight epochs) took {} min and left\n  {}."),
+           "benchmark", refs=(*(x for key in (GPT2_E12, GPT2_E4) for x in (_minutes("default_dual", key, key), _dual(key))),),
+           command="benchmarks/default_dual.py gpt2-char-demo --epochs 12 | --epochs 4 --extend 2 --lam-sampling "
+                   "uniform --recompute block", page=LIMITATIONS),
     Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",
            refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
