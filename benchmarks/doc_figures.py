@@ -192,6 +192,12 @@ _FIGURES = [
     Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
            "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
+    Figure("limitations-unseen-epochs12", P("(plain\n  averaging's barrier {} and {}, where the first trainings' are {} "
+                                            "and {}) left {} (GPT-NeoX)\n  and {} (Llama-style)"), "benchmark",
+           refs=(*(Ref("default_dual", k, k, "plain") for k in ("neox-wiki-char-demo-epochs12", "llama-wiki-char-demo-epochs12",
+                                                               "neox-wiki-char-demo", "llama-wiki-char-demo")),
+                 _dual("neox-wiki-char-demo-epochs12"), _dual("llama-wiki-char-demo-epochs12")),
+           command="benchmarks/default_dual.py NAME --epochs 12", page=LIMITATIONS),
     Figure("limitations-epochs", P("lowered the test barrier from {} to {} and from {} to {} ({} of plain "
                                    "averaging's); on the Llama-style pair from {} to {},"), "benchmark",
            refs=(*_epochs("neox-wiki-char-demo"), *_epochs("gpt2-wiki-char-demo"),
