@@ -175,7 +175,7 @@ _FIGURES = [
     Figure("limitations-epochs12-cost", P("`--recompute auto` took {} min and left {} of plain averaging's barrier, where "
                                           "four epochs learning on up\n  to eight with uniform λ draws and `--recompute "
                                           "block` (the default before eight epochs) took {} min and left\n  {}."),
-           "benchmark", refs=(*(x for key in (GPT2_E12, GPT2_E4) for x in (_minutes("default_dual", key, key), _dual(key))),),
+           "benchmark", refs=tuple(x for key in (GPT2_E12, GPT2_E4) for x in (_minutes("default_dual", key, key), _dual(key))),
            command="benchmarks/default_dual.py gpt2-char-demo --epochs 12 | --epochs 4 --extend 2 --lam-sampling "
                    "uniform --recompute block", page=LIMITATIONS),
     Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",

@@ -46,7 +46,6 @@ def demo(root: Path) -> list[str]:
 def demo_scale(root: Path) -> list[str]:
     """Weight matching on the demo's pair without and with the residual scale (`--groups all`), the demo's
     settings (20 sweeps) and test batches: the two barriers, 3 decimals (the first is the demo row's)."""
-
     from symmerge.data.batches import load_batches
     from symmerge.evaluation.barrier_pair import barrier
     from symmerge.match import registry

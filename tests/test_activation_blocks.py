@@ -81,7 +81,6 @@ def test_align_default_keeps_the_lowest_midpoint_loss(tmp_path, monkeypatch):
     """`align --method activation` (the API) finishes with `best`: the losses it reports are the midpoint's stock
     loss on validation batches, not on the batches it was fitted on (the barrier's middle point, computed apart),
     and it keeps the lowest."""
-    import dataclasses
 
     import symmerge.data.batches
     from symmerge import api
@@ -96,7 +95,7 @@ def test_align_default_keeps_the_lowest_midpoint_loss(tmp_path, monkeypatch):
     assert fig["blocks"] == "best"
     kept = fig["blocks_kept"]
     assert fig["blocks_candidates"][kept] == min(fig["blocks_candidates"].values())
-    moved = dataclasses.replace(B, params=apply(B.spec, res.elements["B"], B.params))
+    moved = B.moved(res.elements["B"])
 
     def mid(a, b, data):
         return barrier(a, b, data, points=3, progress=False, dtype=torch.float64)["loss"][1]

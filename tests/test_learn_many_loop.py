@@ -4,8 +4,6 @@ refuses other settings; the best-state rule and learning on are the loop's (test
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -13,7 +11,6 @@ from safetensors.torch import load_file
 from factories import lm_batches, make_model, save_model
 from learned_common import CONTINUOUS
 from symmerge import SymmergeError, cli
-from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.data.tokenizers import char_tokenizer
 from symmerge.match import learn_loop
@@ -30,8 +27,8 @@ CHARS = "".join(chr(c) for c in range(65, 125))  # 60 characters: with <unk>, th
 
 def _three(tmp_path):
     a = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
-    return [a] + [dataclasses.replace(a, params=apply(a.spec, random_element(
-        a.spec, torch.Generator().manual_seed(s), CONTINUOUS, spread=1.0), a.params)) for s in (5, 6)]
+    return [a] + [a.moved(random_element(a.spec, torch.Generator().manual_seed(s), CONTINUOUS, spread=1.0))
+                  for s in (5, 6)]
 
 
 def _cfg(**kw) -> LearnConfig:

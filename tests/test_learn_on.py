@@ -4,14 +4,11 @@ report, the end line and resume are exact, and `extend=1` takes the planned step
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from factories import lm_batches
 from learned_common import CONTINUOUS
-from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.match.learn_config import FLAT, LearnConfig
 from symmerge.match.learn_loop import RESTART, Interrupted, extension_chunk, scheduled_lr
@@ -27,7 +24,7 @@ def _planted(pair):
     """B = g*·A for a random continuous g*: learning removes the barrier, slowly at a small rate."""
     a, _ = pair
     gstar = random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5)
-    return a, dataclasses.replace(a, params=apply(a.spec, gstar, a.params))
+    return a, a.moved(gstar)
 
 
 def _cfg(**kw) -> LearnConfig:

@@ -51,7 +51,7 @@ def test_planted_problem_is_solved(pair):
     identity brings the validation midpoint loss back to A's loss (the barrier falls by > 90%)."""
     a, _ = pair
     gstar = random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5)
-    b = dataclasses.replace(a, params=apply(a.spec, gstar, a.params))
+    b = a.moved(gstar)
     val = lm_batches(2, 1)
     result = learn(a, b, lm_batches(4, 0), val, LearnConfig(groups=CONTINUOUS, steps=60, lr=0.02, eval_every=15,
                                                             lam_range=(0.5, 0.5), grid_points=3, progress=False))

@@ -12,7 +12,6 @@ learning's promise (never worse on validation, endpoints exact) with steps.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -111,7 +110,7 @@ def _logits(hf, batch) -> torch.Tensor:
 
 
 def _moved(p: Planted, elements) -> list:
-    return [dataclasses.replace(m, params=apply(m.spec, g, m.params)) for m, g in zip(p.models, elements)]
+    return [m.moved(g) for m, g in zip(p.models, elements)]
 
 
 def _check_endpoints(p: Planted, aligned: list, what: str) -> None:
@@ -185,9 +184,7 @@ def test_learned_many_solves_a_planted_problem_from_the_identity(tmp_path):
     start and learning the two non-reference elements brings the validation objective down by over 90%."""
     a = load_model(save_model(make_model("gpt2", 0), tmp_path / "a"))
     fams = ["residual_rotation", "qk_map", "ov_map"]
-    models = [a] + [dataclasses.replace(a, params=apply(a.spec, random_element(a.spec, torch.Generator().manual_seed(s),
-                                                                                fams, spread=1.5), a.params))
-                    for s in (5, 6)]
+    models = [a] + [a.moved(random_element(a.spec, torch.Generator().manual_seed(s), fams, spread=1.5)) for s in (5, 6)]
     cfg = LearnConfig(groups=fams, steps=60, lr=0.02, eval_every=15, progress=False)
     train, val = own_labels(a, raw_batches("gpt2", 4, 0)), own_labels(a, raw_batches("gpt2", 2, 1))
     res = learn_many(models, [1 / 3] * 3, train, val, cfg, val_points=2)

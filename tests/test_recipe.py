@@ -15,7 +15,6 @@ import torch
 from factories import lm_batches
 from learned_common import CONTINUOUS, char_pair
 from symmerge import SymmergeError
-from symmerge.algebra.apply import apply
 from symmerge.algebra.elements import random_element
 from symmerge.data.batches import load_batches
 from symmerge.evaluation.forward import grid
@@ -35,7 +34,7 @@ def _planted(pair):
     """B = g*·A for a random continuous g*: a pair whose barrier learning can remove, so rates differ."""
     a, _ = pair
     gstar = random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5)
-    return a, dataclasses.replace(a, params=apply(a.spec, gstar, a.params))
+    return a, a.moved(gstar)
 
 
 def _auto(**kw) -> LearnConfig:
