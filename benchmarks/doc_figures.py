@@ -41,9 +41,13 @@ def _mean(row: str) -> Mean:
     return Mean(tuple(_activation(pair, row) for pair in ACTIVATION_PAIRS))
 
 
+#: the record key ending of the many-model runs the pages quote: "" once the default's are recorded (`E8`: eight epochs)
+MANY = "-epochs8"
+
+
 def _many(model: str) -> Ref:
-    """The default dual's share of plain averaging's excess on four demo models."""
-    return Ref("default_many", f"{model}-many", f"4 {model}", "default dual excess / simplex (ratio)", k=2)
+    """The dual's share of plain averaging's excess on four demo models (record `{model}-many{MANY}`)."""
+    return Ref("default_many", f"{model}-many{MANY}", f"4 {model}", "default dual excess / simplex (ratio)", k=2)
 
 
 def _many_minutes(model: str) -> Sum:
@@ -58,30 +62,33 @@ def _minutes(result: str, key: str, row: str) -> Sum:
                      for k in range(4)), scale=1 / 60)
 
 
-#: the GPT-2 demo pair's twelve-epoch run and the run of the recipe before eight epochs, side by side on one training
-GPT2_E12, GPT2_E4 = "gpt2-char-demo-epochs12", "gpt2-char-demo-epochs4-extend2-lam-samplinguniform-recomputeblock"
+#: the GPT-2 demo pair's default run (twelve epochs) and the run of the recipe before eight epochs, side by side on
+#: one training
+GPT2_E12, GPT2_E4 = "gpt2-char-demo", "gpt2-char-demo-epochs4-extend2-lam-samplinguniform-recomputeblock"
 
 
-#: a record's key ending for a dual run with uniform λ draws, the default before peak (`default_dual.Variant`)
-UNIFORM = "-lam-samplinguniform"
+#: record key endings (`default_dual.Variant`): eight epochs, the default length before twelve; eight epochs with
+#: uniform λ draws, the default before peak
+E8, LAM_UNIFORM = "-epochs8", "-lam-samplinguniform"
+UNIFORM = E8 + LAM_UNIFORM
 
 
 def _epochs(pair: str) -> tuple[Ref, Ref]:
     """The dual's test barrier on a pair with uniform λ draws and the earlier length (`default_dual.py --epochs 4
-    --extend 2 --lam-sampling uniform`), and with uniform λ draws at the default length."""
-    return tuple(Ref("default_dual", key, key, "default dual") for key in (f"{pair}-epochs4-extend2{UNIFORM}",
+    --extend 2 --lam-sampling uniform`), and with uniform λ draws and eight epochs."""
+    return tuple(Ref("default_dual", key, key, "default dual") for key in (f"{pair}-epochs4-extend2{LAM_UNIFORM}",
                                                                           pair + UNIFORM))
 
 
-#: the x2 width pairs (`default_many.py --part width`) whose default run is not recorded yet
+#: the x2 width pairs (`default_many.py --part width`) whose peak run is not recorded yet
 WIDTH_UNIFORM_ONLY = ("gpt2", "llama")
 
 
 def width_key(model: str, uniform: bool | None = None) -> str:
-    """The default_many record of `model`'s width pair: its uniform-draw run's where `uniform` says so (None: where
-    the default's is not recorded, `WIDTH_UNIFORM_ONLY`)."""
+    """The default_many record of `model`'s width pair the pages quote (eight epochs: `MANY`): its uniform-draw run's
+    where `uniform` says so (None: where the peak run is not recorded, `WIDTH_UNIFORM_ONLY`)."""
     uniform = model in WIDTH_UNIFORM_ONLY if uniform is None else uniform
-    return f"{model}-width" + (UNIFORM if uniform else "")
+    return f"{model}-width" + (UNIFORM if uniform else MANY)
 
 
 def _width(model: str, column: str, uniform: bool | None = None) -> Ref:
@@ -91,7 +98,7 @@ def _width(model: str, column: str, uniform: bool | None = None) -> Ref:
 
 def _dual(pair: str) -> Ref:
     """The dual's share of plain averaging's test barrier on a demo pair: record `pair` (the pair's name for its default
-    run, `+ UNIFORM` for its run with uniform λ draws)."""
+    run, `+ E8` for eight epochs, `+ UNIFORM` for eight epochs with uniform λ draws)."""
     return Ref("default_dual", pair, pair, "dual / plain")
 
 
@@ -147,7 +154,7 @@ _FIGURES = [
                  _activation(VIT01, WEIGHT)), command=ACT_DIAG, page=LIMITATIONS),
     Figure("limitations-rotary", P("the default leaves {} of plain averaging's barrier on the Llama demo pair ({} on "
                                    "the NeoX pair, 25% rotary; {} on GPT-2)"), "benchmark",
-           refs=(_dual("llama-char-demo"), _dual("neox-char-demo"), _dual("gpt2-char-demo")),
+           refs=(_dual("llama-char-demo-retrained"), _dual("neox-char-demo-retrained"), _dual("gpt2-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
     *(Figure(f"two-models-{_short(pair)}", P(f"| {pair} | {{}} | {{}} | {{}} | {{}} |"),
              "benchmark", refs=tuple(_activation(pair, row) for row in (WEIGHT, ACTIVATION, GIVEN_ROTATION, BEST)),
@@ -156,48 +163,49 @@ _FIGURES = [
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
     Figure("limitations-rotary-retrained", P("retraining of the Llama demo pair (plain averaging's barrier {} where the first "
-                                             "training's is {}) it\n  leaves {}, and twelve epochs instead of eight {}."),
+                                             "training's is {}) it\n  leaves {}, and eight epochs instead of the default's twelve {};"),
            "benchmark", refs=(Ref("default_dual", "llama-char-demo-retrained", "llama-char-demo-retrained", "plain"),
-                              Ref("default_dual", "llama-char-demo", "llama-char-demo", "plain"),
-                              _dual("llama-char-demo-retrained"), _dual("llama-char-demo-epochs12-retrained")),
-           command="benchmarks/default_dual.py llama-char-demo [--epochs 12]", page=LIMITATIONS),
-    Figure("limitations-rotary-neox-retrained", P("on a retraining of the GPT-NeoX demo pair {}\n  and {}."), "benchmark",
-           refs=(_dual("neox-char-demo-retrained"), _dual("neox-char-demo-epochs12-retrained")),
-           command="benchmarks/default_dual.py neox-char-demo [--epochs 12]", page=LIMITATIONS),
+                              Ref("default_dual", "llama-char-demo" + E8, "llama-char-demo" + E8, "plain"),
+                              _dual("llama-char-demo-retrained"), _dual("llama-char-demo-epochs8-retrained")),
+           command="benchmarks/default_dual.py llama-char-demo [--epochs 8]", page=LIMITATIONS),
+    Figure("limitations-rotary-neox-retrained", P("on the retraining of the GPT-NeoX demo pair {}\n  and {}."), "benchmark",
+           refs=(_dual("neox-char-demo-retrained"), _dual("neox-char-demo-epochs8-retrained")),
+           command="benchmarks/default_dual.py neox-char-demo [--epochs 8]", page=LIMITATIONS),
     Figure("limitations-rotary-epochs12", P("too: {}\n  against {} (Llama-style, seeds 2 and 3), {} against {} (Llama-style "
                                             "without GQA), {} against\n  {} (NeoX, half of each head rotary), {} "
                                             "against {} (NeoX, the whole head) and {} against {}\n  (GPT-2 on "
                                             "WikiText-2), and kept {} on the NeoX pair a sixteenth rotary"), "benchmark",
            refs=tuple(_dual(p + e) for p in ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot50-char-demo",
-                                              "neox-rot100-char-demo", "gpt2-wiki-char-demo") for e in ("-epochs12", ""))
-           + (_dual("neox-rot06-char-demo-epochs12"),),
-           command="benchmarks/default_dual.py NAME [--seeds 2,3] [--epochs 12]", page=LIMITATIONS),
+                                              "neox-rot100-char-demo", "gpt2-wiki-char-demo") for e in ("", E8))
+           + (_dual("neox-rot06-char-demo"),),
+           command="benchmarks/default_dual.py NAME [--seeds 2,3] [--epochs 8]", page=LIMITATIONS),
     Figure("limitations-epochs12-cost", P("`--recompute auto` took {} min and left {} of plain averaging's barrier, where "
                                           "four epochs learning on up\n  to eight with uniform λ draws and `--recompute "
                                           "block` (the default before eight epochs) took {} min and left\n  {}."),
            "benchmark", refs=tuple(x for key in (GPT2_E12, GPT2_E4) for x in (_minutes("default_dual", key, key), _dual(key))),
-           command="benchmarks/default_dual.py gpt2-char-demo --epochs 12 | --epochs 4 --extend 2 --lam-sampling "
-                   "uniform --recompute block", page=LIMITATIONS),
+           command="benchmarks/default_dual.py gpt2-char-demo [--epochs 4 --extend 2 --lam-sampling uniform --recompute "
+                   "block]", page=LIMITATIONS),
     Figure("limitations-rotary-mha", P("with the\n  default's it leaves {} against {} and {} on the two GQA pairs"), "benchmark",
-           refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo")),
+           refs=(_dual("llama-mha-char-demo"), _dual("llama-char-demo-seeds23"), _dual("llama-char-demo-retrained")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("limitations-rotary-neox", P("GPT-NeoX pair with RoPE on the whole head leaves {}, where the\n  NeoX demo pair"),
            "benchmark", refs=(_dual("neox-rot100-char-demo"),), command="benchmarks/default_dual.py", page=LIMITATIONS),
-    Figure("limitations-rotary-fraction", P("the default leaves {} (a sixteenth of each head rotary),\n  {} (a quarter), "
-                                            "{} (half) and {} (the whole head) of plain averaging's barrier, and uniform "
-                                            "λ\n  draws {}, {}, {} and {}."), "benchmark",
-           refs=tuple(_dual(p + u) for u in ("", UNIFORM) for p in ("neox-rot06-char-demo", "neox-char-demo",
-                                                                  "neox-rot50-char-demo", "neox-rot100-char-demo")),
-           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page=LIMITATIONS),
+    Figure("limitations-rotary-fraction", P("eight epochs of the default's λ draws leave {} (a sixteenth of each head "
+                                            "rotary),\n  {} (a quarter), {} (half) and {} (the whole head) of plain "
+                                            "averaging's barrier, and uniform λ\n  draws {}, {}, {} and {}."),
+           "benchmark",
+           refs=tuple(_dual(p + u) for u in (E8, UNIFORM) for p in ("neox-rot06-char-demo", "neox-char-demo",
+                                                                    "neox-rot50-char-demo", "neox-rot100-char-demo")),
+           command="benchmarks/default_dual.py NAME --epochs 8 [--lam-sampling uniform]", page=LIMITATIONS),
     Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
            "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
     Figure("limitations-unseen-epochs12", P("(plain\n  averaging's barrier {} and {}, where the first trainings' are {} "
-                                            "and {}) left {} (GPT-NeoX)\n  and {} (Llama-style)"), "benchmark",
-           refs=(*(Ref("default_dual", k, k, "plain") for k in ("neox-wiki-char-demo-epochs12", "llama-wiki-char-demo-epochs12",
-                                                               "neox-wiki-char-demo", "llama-wiki-char-demo")),
-                 _dual("neox-wiki-char-demo-epochs12"), _dual("llama-wiki-char-demo-epochs12")),
-           command="benchmarks/default_dual.py NAME --epochs 12", page=LIMITATIONS),
+                                            "and {}, on which eight epochs\n  left {} (GPT-NeoX) and {} (Llama-style))"), "benchmark",
+           refs=(*(Ref("default_dual", k, k, "plain") for k in ("neox-wiki-char-demo", "llama-wiki-char-demo",
+                                                               "neox-wiki-char-demo" + E8, "llama-wiki-char-demo" + E8)),
+                 _dual("neox-wiki-char-demo" + E8), _dual("llama-wiki-char-demo" + E8)),
+           command="benchmarks/default_dual.py NAME [--epochs 8]", page=LIMITATIONS),
     Figure("limitations-epochs", P("lowered the test barrier from {} to {} and from {} to {} ({} of plain "
                                    "averaging's); on the Llama-style pair from {} to {},"), "benchmark",
            refs=(*_epochs("neox-wiki-char-demo"), *_epochs("gpt2-wiki-char-demo"),
@@ -205,28 +213,26 @@ _FIGURES = [
            command="benchmarks/default_dual.py NAME --lam-sampling uniform [--epochs 4 --extend 2]", page=LIMITATIONS),
     Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
                                   "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
-           "benchmark", refs=tuple(_dual(f"{p}-char-demo") for p in ("neox", "llama", "gpt2"))
-           + tuple(_dual(f"{p}-char-demo{UNIFORM}") for p in ("neox", "llama", "gpt2")),
-           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
+           "benchmark", refs=tuple(_dual(f"{p}-char-demo{u}") for u in (E8, UNIFORM) for p in ("neox", "llama", "gpt2")),
+           command="benchmarks/default_dual.py NAME --epochs 8 [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-unseen", P("data no default was tuned on, {} against {} and {} against {}"), "benchmark",
-           refs=(_dual("neox-wiki-char-demo"), _dual("neox-wiki-char-demo" + UNIFORM),
-                 _dual("llama-wiki-char-demo"), _dual("llama-wiki-char-demo" + UNIFORM)),
-           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
+           refs=tuple(_dual(p + u) for p in ("neox-wiki-char-demo", "llama-wiki-char-demo") for u in (E8, UNIFORM)),
+           command="benchmarks/default_dual.py NAME --epochs 8 [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-rot50", P("of each head, both runs on one retraining, peak left {} against {}."), "benchmark",
-           refs=(_dual("neox-rot50-char-demo"), _dual("neox-rot50-char-demo" + UNIFORM)),
-           command="benchmarks/default_dual.py neox-rot50-char-demo [--lam-sampling uniform]",
+           refs=(_dual("neox-rot50-char-demo" + E8), _dual("neox-rot50-char-demo" + UNIFORM)),
+           command="benchmarks/default_dual.py neox-rot50-char-demo --epochs 8 [--lam-sampling uniform]",
            page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-retrained", P("peak left {} against {} (a\n  second Llama-style pair), {} against {} (Llama-style "
                                             "without grouped-query attention), {} against {} (GPT-NeoX with RoPE on "
                                             "the whole head) and {} against {} (GPT-2 on WikiText-2)"), "benchmark",
            refs=tuple(ref for p in ("llama-char-demo-seeds23", "llama-mha-char-demo", "neox-rot100-char-demo",
-                                    "gpt2-wiki-char-demo") for ref in (_dual(p), _dual(p + UNIFORM))),
-           command="benchmarks/default_dual.py NAME [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
+                                    "gpt2-wiki-char-demo") for ref in (_dual(p + E8), _dual(p + UNIFORM))),
+           command="benchmarks/default_dual.py NAME --epochs 8 [--lam-sampling uniform]", page="docs/guides/learned-dual.md"),
     Figure("learned-dual-peak-vit", P("(MNIST, Fashion-MNIST) {} and {}, as with uniform draws"), "benchmark",
-           refs=(_dual("vit-demo"), _dual("vit-fashion-demo")),
-           command="benchmarks/default_dual.py NAME", page="docs/guides/learned-dual.md"),
-    Figure("many-models-default", P("the default left {} to {} of plain averaging's excess"), "benchmark",
-           refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY, page=MANY_MODELS),
+           refs=(_dual("vit-demo" + E8), _dual("vit-fashion-demo" + E8)),
+           command="benchmarks/default_dual.py NAME --epochs 8", page="docs/guides/learned-dual.md"),
+    Figure("many-models-default", P("eight epochs (`--epochs 8`) left {} to {} of plain averaging's excess"), "benchmark",
+           refs=(_many("vit"), _many("llama")), command=DEFAULT_MANY + " --epochs 8", page=MANY_MODELS),
     Figure("many-models-minutes", P("(`--epochs 4 --extend 2`), took {} to {} minutes at one thread"), "benchmark",
            refs=(_many_minutes("vit"), _many_minutes("llama")), command=DEFAULT_MANY + " --epochs 4 --extend 2",
            page=MANY_MODELS),

@@ -120,8 +120,9 @@ def row(result: str, record: str, row: str, columns: list[str], table: int = 0) 
 
 # --- the registry's entries ---------------------------------------------------------------------------------
 
-#: a value of a pattern, its sign included
-NUM = r"(-?\d+(?:\.\d+)?)"
+#: a value of a pattern, its sign included, whole: a figure ending a sentence ("{}.") takes all of "0.0500." and
+#: cannot stop at its "0"
+NUM = r"(-?\d+(?:\.\d+)?)(?!\.?\d)"
 
 
 def P(template: str) -> str:

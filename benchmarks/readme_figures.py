@@ -66,7 +66,7 @@ REPRO = "benchmarks/reproduction_table.py (its result file holds the command lin
 def _width_command(model: str) -> str:
     """The command of the figure of `model`'s width pair (`doc_figures.width_key`)."""
     uniform = model in doc_figures.WIDTH_UNIFORM_ONLY
-    return f"benchmarks/default_many.py {model} --part width" + (" --lam-sampling uniform" if uniform else "")
+    return f"benchmarks/default_many.py {model} --part width --epochs 8" + (" --lam-sampling uniform" if uniform else "")
 
 
 FIGURES = {f.name: f for f in (
@@ -108,7 +108,7 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_dual.py neox-rot50-char-demo"),
     Figure("default-dual-neox-rot06", P("on a sixteenth {}\nagainst {}: {} of it"), "benchmark",
            command="benchmarks/default_dual.py neox-rot06-char-demo"),
-    Figure("default-dual-gpt2-wiki", P("{} against {} for GPT-2 ({} of it,"), "benchmark",
+    Figure("default-dual-gpt2-wiki", P("{} against {} for GPT-2 ({} of it)"), "benchmark",
            command="benchmarks/default_dual.py gpt2-wiki-char-demo"),
     Figure("default-dual-neox-wiki", P("{} against {} for GPT-NeoX ({} of it)"), "benchmark",
            command="benchmarks/default_dual.py neox-wiki-char-demo"),
@@ -117,11 +117,11 @@ FIGURES = {f.name: f for f in (
     Figure("default-dual-vit-fashion", P("on Fashion-MNIST ViTs {} against {}."), "benchmark",
            command="benchmarks/default_dual.py vit-fashion-demo"),
     Figure("default-many-vit", P("endpoints' mean of {} where plain averaging's is {} for ViTs ({} of it)"),
-           "benchmark", command="benchmarks/default_many.py vit --part many"),
+           "benchmark", command="benchmarks/default_many.py vit --part many --epochs 8"),
     Figure("default-many-gpt2", P("), {}\nagainst {} for character GPT-2s ({} of it)"),
-           "benchmark", command="benchmarks/default_many.py gpt2 --part many"),
+           "benchmark", command="benchmarks/default_many.py gpt2 --part many --epochs 8"),
     Figure("default-many-llama", P("and {} against {} for Llama-style models ({} of it)"), "benchmark",
-           command="benchmarks/default_many.py llama --part many"),
+           command="benchmarks/default_many.py llama --part many --epochs 8"),
     Figure("default-width-vit", P("barrier of {} where the\nbare expansion's is {} for retrained ViTs ({} of it; weight matching "
                                   "alone: {} of it)"), "benchmark",
            command=_width_command("vit")),
@@ -177,25 +177,26 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "table-neox": (_demo("plain averaging", "NeoX"), R(RT, "single-seed-neox", "weight matching", BAR),
                    _demo("activation matching", "NeoX"), _seed(NEOX_S, "learned (1e-2)"), _seed(NEOX_S, "dual (5e-3)")),
     **{f"default-dual-{short}": tuple(R("default_dual", key, key, c) for c in ("default dual", "plain", "dual / plain"))
-       for short, key in (("neox", "neox-char-demo"), ("llama", "llama-char-demo"), ("llama23", "llama-char-demo-seeds23"),
+       for short, key in (("neox", "neox-char-demo-retrained"), ("llama", "llama-char-demo-retrained"),
+                          ("llama23", "llama-char-demo-seeds23"),
                           ("llama-mha", "llama-mha-char-demo"), ("neox-rot100", "neox-rot100-char-demo"),
                           ("gpt2", "gpt2-char-demo"), ("vit", "vit-demo"), ("gpt2-wiki", "gpt2-wiki-char-demo"),
                           ("neox-wiki", "neox-wiki-char-demo"), ("llama-wiki", "llama-wiki-char-demo"),
                           ("neox-rot50", "neox-rot50-char-demo"), ("neox-rot06", "neox-rot06-char-demo"))},
     "default-dual-vit-fashion": tuple(R("default_dual", "vit-fashion-demo", "vit-fashion-demo", c)
                                       for c in ("default dual", "plain")),
-    "default-many-vit": (R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)"),
-                         R("default_many", "vit-many", "4 vit", "plain excess / simplex"),
-                         R("default_many", "vit-many", "4 vit", "default dual excess / simplex (ratio)", k=2)),
+    "default-many-vit": (R("default_many", "vit-many" + doc_figures.MANY, "4 vit", "default dual excess / simplex (ratio)"),
+                         R("default_many", "vit-many" + doc_figures.MANY, "4 vit", "plain excess / simplex"),
+                         R("default_many", "vit-many" + doc_figures.MANY, "4 vit", "default dual excess / simplex (ratio)", k=2)),
     "default-many-vit-earlier": (R("default_many", "vit-many-epochs4-extend2", "4 vit", "default dual excess / simplex (ratio)"),
                                  R("default_many", "vit-many-epochs4-extend2", "4 vit", "default dual excess / simplex (ratio)",
                                    k=2)),
-    "default-many-gpt2": (R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)"),
-                          R("default_many", "gpt2-many", "4 gpt2", "plain excess / simplex"),
-                          R("default_many", "gpt2-many", "4 gpt2", "default dual excess / simplex (ratio)", k=2)),
-    "default-many-llama": (R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)"),
-                           R("default_many", "llama-many", "4 llama", "plain excess / simplex"),
-                           R("default_many", "llama-many", "4 llama", "default dual excess / simplex (ratio)", k=2)),
+    "default-many-gpt2": (R("default_many", "gpt2-many" + doc_figures.MANY, "4 gpt2", "default dual excess / simplex (ratio)"),
+                          R("default_many", "gpt2-many" + doc_figures.MANY, "4 gpt2", "plain excess / simplex"),
+                          R("default_many", "gpt2-many" + doc_figures.MANY, "4 gpt2", "default dual excess / simplex (ratio)", k=2)),
+    "default-many-llama": (R("default_many", "llama-many" + doc_figures.MANY, "4 llama", "default dual excess / simplex (ratio)"),
+                           R("default_many", "llama-many" + doc_figures.MANY, "4 llama", "plain excess / simplex"),
+                           R("default_many", "llama-many" + doc_figures.MANY, "4 llama", "default dual excess / simplex (ratio)", k=2)),
     **{f"default-width-{m}": tuple(R("default_many", doc_figures.width_key(m), f"{m}:", c, k=k)
                                    for c, k in (("default dual (ratio)", 0), ("bare expansion", 0),
                                                 ("default dual (ratio)", 1), ("weight (ratio)", 1)))

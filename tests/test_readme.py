@@ -96,6 +96,9 @@ def test_benchmark_figures_are_what_their_result_files_record():
     # ... two figures of a row swapped are found (learned 0.334 and dual 0.299 exchanged)
     swapped = README[: m.start(4)] + m.group(5) + README[m.end(4): m.start(5)] + m.group(4) + README[m.end(5):]
     assert [u.split(" ")[0] for u in rf.unrecorded(figure, swapped)] == [m.group(5), m.group(4)]
+    # ... a value ending a sentence is read whole: "{}." is not matched by its leading "0" and the period after it
+    assert re.search(rf.P("left {}."), "left 0.0500. Then").group(1) == "0.0500"
+    assert re.search(rf.P("left {}."), "left 0.0500; then") is None
     # ... and a reference that names no single cell is a registry problem
     bad = rf.dataclasses.replace(figure, refs=figure.refs[:-1] + (rf.Ref("ablation_barrier", "demo", "a", "Llama"),))
     assert any("matches 2 rows" in p for p in rf.registry_problems(figures={"table-llama": bad}))

@@ -203,6 +203,27 @@ def test_cli_defaults_and_the_quick_recipe(tmp_path, capsys):
     assert len(rep["history"][0]["losses"]) == 5
 
 
+def test_an_explicit_default_length_is_the_default_run(tmp_path):
+    """`--epochs EPOCHS` given is the run with no flag, to the bit (the outputs' bytes, the steps, every validation
+    barrier), since a given length fixes it only where `extend` is above 1 (EXTEND is 1): a benchmark record made
+    with the flag is the default's run. Control: another length changes the run."""
+    from safetensors.torch import load_file
+
+    from symmerge import cli
+
+    common, _, _ = char_pair(tmp_path, 6000)
+    runs = {}
+    for name, flags in (("none", []), ("given", ["--epochs", f"{EPOCHS:g}"]), ("other", ["--epochs", f"{EPOCHS / 2:g}"])):
+        out, js = tmp_path / name, tmp_path / f"{name}.json"
+        assert cli.main(["align", *common, "--method", "dual", "-o", str(out), "--json", str(js), *flags]) == 0
+        rep = json.loads(js.read_text())
+        runs[name] = (load_file(out / "A" / "model.safetensors"), rep["steps"], [h["barrier"] for h in rep["history"]])
+    (wa, steps, curve), (wb, steps_b, curve_b), (_, steps_o, _) = runs["none"], runs["given"], runs["other"]
+    assert EXTEND == 1.0 and steps == steps_b == EPOCHS * len(load_batches(common[0], common[-1], "train", 32))
+    assert curve == curve_b and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert steps_o == steps // 2
+
+
 def test_merge_takes_the_same_recipe(tmp_path, capsys):
     """`merge --method dual` with no tuning flags runs the full recipe as align does: batches of 1024 tokens,
     every training batch for EPOCHS epochs, evaluations spread over the run, learning on to EXTEND times
