@@ -12,7 +12,7 @@ as NAME-lam-samplingS.
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
-    python benchmarks/default_dual.py neox-char-demo --epochs 4 --extend 2   # half the epochs, learning on
+    python benchmarks/default_dual.py neox-char-demo --epochs 4 --extend 2   # a third of the epochs, learning on
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ COLUMNS = ["pair", "plain", "default dual", "dual / plain", "--lr auto", "steps 
 
 
 def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | None = None) -> None:
-    """Run `symmerge argv` at one thread unless `out` exists; the command line goes to `commands`. `learns`: the
+    """Run `symmerge argv` at one thread unless `out` exists, its printed lines (the plan, the end line) kept in
+    `out` with the suffix `.log`; the command line goes to `commands`. `learns`: the
     output folder of a learned or dual run, whose unfinished state (`OUT.learn-state`, written every 50 steps)
     an interrupted benchmark continues with `--resume` (the same steps an uninterrupted run takes; the command
     recorded is the one without it)."""
@@ -48,8 +49,9 @@ def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | Non
         print(f"exists, not run again: {commands[-1]}", flush=True)
         return
     resume = learns is not None and checkpoint_folder(learns).exists()
-    subprocess.run([sys.executable, "-m", "symmerge", *argv, *(["--resume"] if resume else [])], check=True,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    with open(out.with_suffix(".log"), "a") as log:
+        subprocess.run([sys.executable, "-m", "symmerge", *argv, *(["--resume"] if resume else [])], check=True,
+                       stdout=log, env={**os.environ, "OMP_NUM_THREADS": "1"})
     print(f"ran{' (resumed)' if resume else ''}: {commands[-1]}", flush=True)
 
 

@@ -168,7 +168,8 @@ def test_an_interrupted_dual_run_of_a_benchmark_is_resumed_not_refused(tmp_path,
     import default_dual
 
     calls = []
-    monkeypatch.setattr(default_dual.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    monkeypatch.setattr(default_dual.subprocess, "run", lambda argv, **kw: calls.append(argv) or kw["stdout"].write(
+        f"printed by run {len(calls)}\n"))
     out, commands = tmp_path / "pair", []
     default_dual.symmerge(["align", "a", "b", "-o", str(out)], tmp_path / "pair.json", commands, learns=out)
     (tmp_path / "pair.learn-state").mkdir()  # what a run stopped between its checkpoints leaves
@@ -176,6 +177,8 @@ def test_an_interrupted_dual_run_of_a_benchmark_is_resumed_not_refused(tmp_path,
     # a fresh run does not resume (negative control); the interrupted one does, and is recorded as the fresh one
     assert "--resume" not in calls[0] and calls[1][-1] == "--resume"
     assert commands[0] == commands[1] and "--resume" not in commands[1]
+    # what each run printed is kept beside its report, the resumed run's after the interrupted one's
+    assert (tmp_path / "pair.log").read_text() == "printed by run 1\nprinted by run 2\n"
     (tmp_path / "pair.json").write_text("{}")
     default_dual.symmerge(["align", "a", "b", "-o", str(out)], tmp_path / "pair.json", commands, learns=out)
     assert len(calls) == 2  # a finished step is read, not run again
