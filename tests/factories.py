@@ -107,11 +107,19 @@ def _configs() -> dict:
                                               norm_topk_prob=True, vocab_size=61, max_position_embeddings=32,
                                               rms_norm_eps=1e-2, tie_word_embeddings=True, bos_token_id=0,
                                               eos_token_id=0, pad_token_id=None),
+        # Qwen2-MoE: 4 experts (top 2, not renormalised) of width 24 and a shared expert of width 20 behind a sigmoid
+        # gate, q/k/v biases, GQA, untied
+        "qwen2_moe": lambda: T.Qwen2MoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=2, intermediate_size=40, moe_intermediate_size=24,
+                                              shared_expert_intermediate_size=20, num_experts=4, num_experts_per_tok=2,
+                                              norm_topk_prob=False, vocab_size=61,
+                                              max_position_embeddings=32, rms_norm_eps=1e-2, tie_word_embeddings=False,
+                                              bos_token_id=0, eos_token_id=0, pad_token_id=None),
         # Qwen3-MoE with a dense layer: mixtures in layers 0 and 1, a dense MLP of another width (40) in layer 2
         "qwen3_moe_dense": lambda: T.Qwen3MoeConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                                                     num_key_value_heads=2, head_dim=12, intermediate_size=40,
                                                     moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
-                                                    mlp_only_layers=[2], norm_topk_prob=True, vocab_size=61,
+                                                    mlp_only_layers=[2], norm_topk_prob=False, vocab_size=61,
                                                     max_position_embeddings=32, rms_norm_eps=1e-2,
                                                     tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
                                                     pad_token_id=None),
@@ -165,7 +173,8 @@ def make_config(arch: str):
                              "exaone4": "Exaone4ForCausalLM",
                              "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                             "olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                             "olmoe": "OlmoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                             "qwen3_moe": "Qwen3MoeForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

@@ -50,6 +50,11 @@ def test_planted_experts_recovered(planted):
     units["blocks.0.ffn"] = res.g["blocks.0.ffn"].clone()
     units["blocks.0.ffn"][2, [0, 1]] = res.g["blocks.0.ffn"][2, [1, 0]]
     assert rel_distance(apply(A.spec, units, B.params), A.params) > 1e-3
+    if "blocks.0.shared" in res.g:  # ... and two units of a shared expert (Qwen2-MoE)
+        shared = dict(res.g)
+        shared["blocks.0.shared"] = res.g["blocks.0.shared"].clone()
+        shared["blocks.0.shared"][[0, 1]] = res.g["blocks.0.shared"][[1, 0]]
+        assert rel_distance(apply(A.spec, shared, B.params), A.params) > 1e-3
     streamed = activation_match_streaming(LazyModel(a), LazyModel(b), batches(arch))
     assert _agree(res.g, streamed.g) <= 1e-9
 

@@ -68,7 +68,8 @@ def fake_data(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2", "mixtral", "olmoe", "qwen3_moe")
+@pytest.mark.parametrize("arch", [a for a in ("gpt2", "llama", "qwen3", "olmo2", "mixtral", "olmoe", "qwen2_moe",
+                                               "qwen3_moe")
                                   if a in SUPPORTED])
 def test_cli_activation_align(tmp_path, fake_data, arch):
     a = save_model(make_model(arch, 0), tmp_path / "a")

@@ -38,6 +38,8 @@ def _widened(arch: str, d=1, ffn=1, heads=1, kv=None, head_dim=1, eps=1.0):
     setattr(c, _d_mlp_key(c), d_mlp * ffn)
     if hasattr(c, "moe_intermediate_size"):  # the dense layers' width too (Qwen3-MoE's mlp_only_layers)
         c.intermediate_size *= ffn
+    if hasattr(c, "shared_expert_intermediate_size"):  # Qwen2-MoE's shared expert
+        c.shared_expert_intermediate_size *= ffn
     c.num_attention_heads *= heads
     if getattr(c, "num_key_value_heads", None):
         c.num_key_value_heads *= heads if kv is None else kv

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 #: one expert's down projection as stock `save_pretrained` writes it
 STORED_DOWN = {"mixtral": "model.layers.0.block_sparse_moe.experts.3.w2.weight",
                "olmoe": "model.layers.0.mlp.experts.3.down_proj.weight",
+               "qwen2_moe": "model.layers.0.mlp.experts.3.down_proj.weight",
                "qwen3_moe": "model.layers.0.mlp.experts.3.down_proj.weight"}
 
 

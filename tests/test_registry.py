@@ -117,12 +117,13 @@ def test_default_families_are_all_but_the_residual_scale(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_role_queries_name_each_group_once(arch):
     """The spec's role queries, checked against the families and structure the groups carry: every block
-    group has exactly one role, optional roles exist exactly when the shape has them (GQA, gated MLP, experts)."""
+    group has exactly one role, optional roles exist exactly when the shape has them (GQA, gated MLP, experts, a
+    shared expert)."""
     config = make_config(arch)
     spec = build_spec(adapter_for(config).shape(config))
     s = spec.shape
     family = {"heads": "head_perm", "query_heads": "head_perm", "qk": "qk_map", "ov": "ov_map", "ffn": "ffn_perm",
-              "glu": "glu_scale", "experts": "expert_perm"}
+              "glu": "glu_scale", "experts": "expert_perm", "shared": "ffn_perm", "shared_glu": "glu_scale"}
     for i in range(s.n_layers):
         roles = spec.layer_roles(i)
         named = {role: n for role, n in vars(roles).items() if n is not None}
@@ -135,6 +136,7 @@ def test_role_queries_name_each_group_once(arch):
         assert [n for n in named.values() if spec.in_head_circuit(n)] == [*roles.head_permutations, *roles.head_maps]
         assert [n for n in named.values() if spec.is_head_permutation(n)] == list(roles.head_permutations)
         assert (roles.experts is not None) == s.experts_in(i)
+        assert (roles.shared is not None) == (roles.shared_glu is not None) == (s.experts_in(i) and s.d_shared > 0)
         assert [n for n in named.values() if spec.is_expert_permutation(n)] == [n for n in [roles.experts] if n]
     scale = [n for n, g in spec.groups.items() if g.family == "residual_scale"]
     assert spec.residual_scales(spec.groups) == scale and len(scale) == int(s.residual_scale)

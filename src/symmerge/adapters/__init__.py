@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import SymmergeError
 from .base import Adapter
-from .experts import MixtralAdapter, OlmoeAdapter, Qwen3MoeAdapter
+from .experts import MixtralAdapter, OlmoeAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter
 from .gemma import GemmaAdapter
 from .gemma1 import Gemma1Adapter
 from .gpt2 import GPT2Adapter
@@ -21,7 +21,7 @@ from .vit import ViTAdapter
 ADAPTERS: dict[str, Adapter] = {}
 for _a in (Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(), LlamaAdapter(),
            MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(),
-           Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
+           Qwen2MoeAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 

@@ -47,6 +47,9 @@ class ModelShape:
     #: `mlp_only_layers` and `decoder_sparse_step`); the other layers are mixtures
     dense_layers: tuple[int, ...] = ()
     d_mlp_dense: int = 0
+    #: a shared expert beside the experts of every mixture layer (Qwen2-MoE; 0: none): a gated MLP of this width
+    #: that every token takes, its output multiplied by the sigmoid of one more reader of the stream
+    d_shared: int = 0
 
     def experts_in(self, i: int) -> bool:
         """Whether layer i's FFN is a mixture of experts."""

@@ -50,7 +50,9 @@ class LayerRoles:
     ov:          the per-head OV map (values by G, the output projection by G^{-T}), indexed by `heads`;
     ffn:         the permutation of the FFN hidden units (one per expert in a mixture of experts, indexed by `experts`);
     glu:         the GLU scale of the hidden units (gated MLPs only), indexed by `ffn`;
-    experts:     the permutation of a mixture of experts' experts and the router's rows.
+    experts:     the permutation of a mixture of experts' experts and the router's rows;
+    shared:      the permutation of a mixture's shared expert's hidden units (Qwen2-MoE);
+    shared_glu:  the GLU scale of the shared expert's hidden units, indexed by `shared`.
 
     The names are the spec's whether or not a selection chose the groups (`Spec.select` says which were)."""
 
@@ -61,6 +63,8 @@ class LayerRoles:
     ffn: str | None = None
     glu: str | None = None
     experts: str | None = None
+    shared: str | None = None
+    shared_glu: str | None = None
 
     @property
     def head_maps(self) -> tuple[str, ...]:
@@ -76,7 +80,8 @@ class LayerRoles:
 def _layer_names(i: int) -> LayerRoles:
     """The names the builder gives block i's groups, by role (the one place they are spelt)."""
     p = f"blocks.{i}"
-    return LayerRoles(f"{p}.heads", f"{p}.qheads", f"{p}.qk", f"{p}.ov", f"{p}.ffn", f"{p}.glu", f"{p}.experts")
+    return LayerRoles(f"{p}.heads", f"{p}.qheads", f"{p}.qk", f"{p}.ov", f"{p}.ffn", f"{p}.glu", f"{p}.experts",
+                      f"{p}.shared", f"{p}.shared_glu")
 
 
 @dataclass
@@ -267,7 +272,8 @@ def _residual_actions(s: ModelShape, axis: int, reader: bool, scaled: bool = Tru
 
 def _block_actions(s: ModelShape, i: int) -> dict[str, list[Action]]:
     p = f"blocks.{i}"
-    H, QH, QK, OV, FFN, GLU, _ = astuple(_layer_names(i))
+    r = _layer_names(i)
+    H, QH, QK, OV, FFN, GLU = r.heads, r.query_heads, r.qk, r.ov, r.ffn, r.glu
     qh = [Action(QH, 1, "g", (0,))] if s.q_per_kv > 1 else []
     glu = [Action(GLU, 0, "g")] if s.gated else []
     # QK-norm shares the config's eps: under the residual scale (eps -> a^2 eps) q and k must scale by a too

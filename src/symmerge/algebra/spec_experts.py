@@ -1,4 +1,5 @@
-"""The symmetry of a mixture of experts (Mixtral, OLMoE, Qwen3-MoE): the groups of one layer's experts and their actions.
+"""The symmetry of a mixture of experts (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE): the groups of one layer's experts and
+their actions.
 
 A sparse MoE layer computes, for a normalised stream x,
 
@@ -18,9 +19,16 @@ with w_e the selected probabilities, renormalised over the top k or not (`norm_t
   the experts' up and gate as readers and their down projections as writers; the residual scale scales the
   down projections (the router reads the normalised stream, untouched by it).
 
+A shared expert (Qwen2-MoE: `y += sigmoid(w_s . x) · W_out_s (act(W_gate_s x) * (W_in_s x))`, taken by every token)
+is a dense gated MLP beside the experts: its own unit permutation and GLU scale (families `ffn_perm` and
+`glu_scale`, not indexed by the expert permutation, which does not touch it); its gate `w_s` is one more reader
+(the sigmoid's argument is unchanged under `w_s -> w_s O^T`), its down projection a writer.
+
 Canonical tensors (no biases: the stock classes have none):
     blocks.i.moe.W_router [E, d_model]
     blocks.i.moe.W_in [E, d_mlp, d_model] (up)   W_gate [E, d_mlp, d_model]   W_out [E, d_model, d_mlp] (down)
+    blocks.i.moe.W_shared_router [1, d_model]   W_shared_in, W_shared_gate [d_shared, d_model]
+    blocks.i.moe.W_shared_out [d_model, d_shared]   (a shared expert only)
 """
 
 from __future__ import annotations
@@ -46,6 +54,11 @@ def expert_groups(s, i: int, r) -> dict[str, G.Group]:
     if s.gated:
         out[r.glu] = G.Group(r.glu, GLU_SCALE, "diagonal", s.d_mlp, batch=(e,), layer=i, indexed_by=r.ffn,
                              note="act(gate) * up is linear in up (one scale per expert)")
+    if s.d_shared:
+        out[r.shared] = G.Group(r.shared, FFN_PERM, "permutation", s.d_shared, layer=i,
+                                note="the shared expert's activation acts elementwise")
+        out[r.shared_glu] = G.Group(r.shared_glu, GLU_SCALE, "diagonal", s.d_shared, layer=i, indexed_by=r.shared,
+                                    note="the shared expert's act(gate) * up is linear in up")
     return out
 
 
@@ -55,7 +68,15 @@ def expert_actions(s, i: int, r, residual) -> dict:
     p = f"blocks.{i}.moe"
     ex, ffn = [Action(r.experts, 0)], Action(r.ffn, 1, "g", (0,))
     glu = [Action(r.glu, 1, "g", (0,))] if s.gated else []
-    return {
+    shared = {
+        # W_shared_router: [1, d_model], the shared expert's sigmoid gate: a reader
+        f"{p}.W_shared_router": residual(s, 1, True),
+        # W_shared_in (up), W_shared_gate: [d_shared, d_model]   W_shared_out (down): [d_model, d_shared]
+        f"{p}.W_shared_in": residual(s, 1, True) + [Action(r.shared, 0), Action(r.shared_glu, 0)],
+        f"{p}.W_shared_gate": residual(s, 1, True) + [Action(r.shared, 0)],
+        f"{p}.W_shared_out": residual(s, 0, False) + [Action(r.shared, 1, "inv_t"), Action(r.shared_glu, 1, "inv_t")],
+    } if s.d_shared else {}
+    return shared | {
         # W_router: [E, d_model]: a reader, one row per expert
         f"{p}.W_router": residual(s, 1, True) + ex,
         # W_in (up), W_gate: [E, d_mlp, d_model]

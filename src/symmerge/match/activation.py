@@ -49,9 +49,9 @@ from ..algebra.spec import ROTATION
 from ..errors import SymmergeError
 from ..evaluation.forward import model_inputs
 from ..store.model import Model, build_hf_model, export_state_dict
-from .activation_experts import expert_step
+from .activation_experts import expert_step, unit_step
 from .costs import touching
-from .solvers import best_rotation, linear_assignment, solve_map
+from .solvers import best_rotation, solve_map
 from .weight import MatchResult
 from .weight_state import State, scatter
 from .weight_steps import assign_heads, solve_scaling
@@ -191,15 +191,7 @@ def _corr(ha: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
 def ffn_step(spec, chosen, g, fit, corr: torch.Tensor, rms_a: torch.Tensor, rms_b: torch.Tensor, i: int) -> None:
     """Layer i's FFN permutation and GLU scales from the hidden units' correlations `corr [n_A, n_B]` and RMS."""
     roles = spec.layer_roles(i)
-    ffn, glu = roles.ffn, roles.glu
-    use_glu = glu is not None and glu in chosen
-    if ffn in chosen:
-        g[ffn] = linear_assignment(corr.abs() if use_glu else corr)
-        fit[f"blocks.{i}.ffn_mean_matched_correlation"] = float(corr[torch.arange(len(g[ffn])), g[ffn]].abs().mean())
-    if use_glu:
-        p = g[ffn]
-        d = torch.sign(corr[torch.arange(len(p)), p]) * rms_a / rms_b[p]
-        g[glu] = scatter(torch.where(d == 0, torch.ones_like(d), d), p)
+    unit_step(chosen, g, fit, roles.ffn, roles.glu, corr, rms_a, rms_b, f"blocks.{i}.ffn")
 
 
 def _ffn(spec, chosen, g, fit, acts_a, acts_b, i, params_a, params_b) -> None:

@@ -14,7 +14,8 @@ routed or not; so the correlations below are ±1 on the planted pairs.
   which does not depend on the order of either expert's units;
 - the expert permutation: the assignment on these values;
 - inside each matched pair: the unit assignment found for the pair; the GLU scale as for a dense FFN
-  (`activation.ffn_step`): the sign of the correlation times the ratio of the units' RMS.
+  (`unit_step`): the sign of the correlation times the ratio of the units' RMS;
+- a shared expert (Qwen2-MoE) as a dense FFN (`unit_step`), its hidden units computed from the same input.
 
 Memory: the correlations are accumulated (`activation_stats.FfnMoments`, batch by batch) for one block of
 `chunk` experts of A against one block of `chunk` of B at a time, the hidden units recomputed per block, and
@@ -43,6 +44,28 @@ MOMENT_ENTRIES = 1 << 26
 def expert_chunk(n_experts: int, d_mlp: int) -> int:
     """Experts per block so that a block pair's co-moments hold at most `MOMENT_ENTRIES` numbers (at least 1)."""
     return max(1, min(n_experts, int((MOMENT_ENTRIES ** 0.5) // d_mlp)))
+
+
+def unit_step(chosen, g, fit, perm: str | None, scale: str | None, corr: torch.Tensor, rms_a: torch.Tensor,
+              rms_b: torch.Tensor, label: str) -> None:
+    """A dense FFN's unit permutation `perm` and GLU scale `scale` (where chosen) into `g`, from the hidden units'
+    correlations `corr [n_A, n_B]` and RMS: the assignment on the correlations (their magnitudes when the scale,
+    which may flip signs, is matched too), then each unit's sign times the ratio of the units' RMS; the mean
+    matched |correlation| goes to `fit` as `{label}_mean_matched_correlation`."""
+    use_scale = scale is not None and scale in chosen
+    if perm in chosen:
+        g[perm] = linear_assignment(corr.abs() if use_scale else corr)
+        fit[f"{label}_mean_matched_correlation"] = float(corr[torch.arange(len(g[perm])), g[perm]].abs().mean())
+    if use_scale:
+        p = g[perm]
+        d = torch.sign(corr[torch.arange(len(p)), p]) * rms_a / rms_b[p]
+        g[scale] = scatter(torch.where(d == 0, torch.ones_like(d), d), p)
+
+
+def shared_hidden(params: dict, i: int, x: torch.Tensor, act) -> torch.Tensor:
+    """Hidden units of layer i's shared expert on every token of `x [tokens, d]`: `[tokens, d_shared]`."""
+    w = lambda n: params[f"blocks.{i}.moe.W_shared_{n}"].to(device=x.device, dtype=x.dtype)  # noqa: E731
+    return act(x @ w("gate").T) * (x @ w("in").T)
 
 
 def expert_hidden(params: dict, i: int, x: torch.Tensor, experts: range, act) -> torch.Tensor:
@@ -99,3 +122,9 @@ def expert_step(spec, chosen, g, fit, xs_a: list, xs_b: list, params_a: dict, pa
     if use_glu:
         d = torch.sign(corr) * rms_a / torch.gather(rms_b[p], 1, units)
         g[roles.glu] = unindex(spec, roles.glu, torch.where(d == 0, torch.ones_like(d), d), g)
+    if roles.shared is not None:
+        mom = FfnMoments()
+        for xa, xb in zip(xs_a, xs_b):
+            mom.add(shared_hidden(params_a, i, xa, act), shared_hidden(params_b, i, xb, act))
+        corr, ra, rb = (t.cpu().to(G.DTYPE) for t in mom.correlation())
+        unit_step(chosen, g, fit, roles.shared, roles.shared_glu, corr, ra, rb, f"blocks.{i}.shared")

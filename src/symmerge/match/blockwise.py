@@ -341,14 +341,15 @@ def kept_for_backward(shape, tokens: int, context: int, itemsize: int) -> int:
     """Bytes that recompute="none" keeps for the backward beyond what "block" keeps, estimated from above: per
     block, its weights four times (each endpoint moved by its element, their interpolation, the stock block's views)
     and twice what a stock block saves per token (norm outputs, q, k, v, attention probabilities and output, the
-    MLP's hidden units of each chosen expert, residual sums), plus the head's rows (the vocabulary by d_model) and
+    MLP's hidden units of each chosen expert and of a shared expert, residual sums), plus the head's rows (the vocabulary by d_model) and
     the logits. Where it fails: a stock block that saves more per token than this counts (none of the supported
     ones does at these factors); the memory a step takes besides is `learned_memory.py`'s."""
     s = shape
     experts = max(1, s.n_experts)
-    weights = s.d_model * (s.d_head * 2 * (s.n_heads + s.n_kv_heads) + s.d_mlp * (3 if s.gated else 2) * experts)
+    ffn = (3 if s.gated else 2) * (s.d_mlp * experts + s.d_shared)
+    weights = s.d_model * (s.d_head * 2 * (s.n_heads + s.n_kv_heads) + ffn + bool(s.d_shared))
     per_token = (8 * s.d_model + 6 * s.n_heads * s.d_head + s.n_heads * context
-                 + (4 if s.gated else 2) * s.d_mlp * max(1, s.experts_per_token))
+                 + (4 if s.gated else 2) * (s.d_mlp * max(1, s.experts_per_token) + s.d_shared))
     ends = 4 * s.vocab * s.d_model + 2 * tokens * s.vocab
     return (s.n_layers * (4 * weights + 2 * tokens * per_token) + ends) * itemsize
 

@@ -29,7 +29,8 @@ Every axis the symmetry spec names is embedded into the wide size by the map its
   `Adapter.embed_scale`) is multiplied by the narrow constant over the wide one, so the first block reads what the
   narrow model's does.
 - mixtures of experts: the router is a reader (its logits unchanged), each expert's units are FFN slots (zero
-  padded inside every expert), its down projection a writer. The number of experts stays: a new expert's
+  padded inside every expert), its down projection a writer; a shared expert's units are FFN slots too, its gate
+  a reader. The number of experts stays: a new expert's
   router row gives it a finite logit, hence weight in the softmax and a chance in the top k.
 
 What cannot be expanded is refused in `plan` with the reason (the list: docs/guides/widths.md,
@@ -63,7 +64,7 @@ SAME = {"arch": "architectures", "hf_class": "classes", "n_layers": "layer count
 #: the canonical token embedding, which a class may scale by a constant of its config (`Adapter.embed_scale`)
 TOKEN_EMBEDDING = "embed.W_E"
 #: widths that may only grow from NARROW to WIDE
-WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp", "d_mlp_dense")
+WIDTHS = ("d_model", "n_kv_heads", "q_per_kv", "d_head", "d_mlp", "d_mlp_dense", "d_shared")
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,13 @@ Params = dict[str, torch.Tensor]
 
 def reader_slots(s, i: int) -> dict[str, tuple[tuple[str, str | None], ...]]:
     """(weight, bias) canonical names of the readers of block i's two norms, by slot (bias None: the reader has
-    none: a mixture of experts' router and experts)."""
+    none: a mixture of experts' router, experts and shared expert)."""
     p = f"blocks.{i}"
     attn = tuple((f"{p}.attn.W_{n}", f"{p}.attn.b_{n}") for n in "QKV")
     mlp = ((f"{p}.mlp.W_in", f"{p}.mlp.b_in"),) + (((f"{p}.mlp.W_gate", f"{p}.mlp.b_gate"),) if s.gated else ())
-    if s.experts_in(i):  # the router and every expert's up and gate, [.., d_model]: the residual axis last
-        mlp = tuple((f"{p}.moe.W_{n}", None) for n in ("router", "in", "gate"))
+    if s.experts_in(i):  # the routers and every expert's up and gate, [.., d_model]: the residual axis last
+        shared = ("shared_router", "shared_in", "shared_gate") if s.d_shared else ()
+        mlp = tuple((f"{p}.moe.W_{n}", None) for n in ("router", "in", "gate", *shared))
     return {f"{p}.ln1": attn, f"{p}.ln2": mlp}
 
 
