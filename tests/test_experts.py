@@ -1,6 +1,6 @@
-"""Mixtures of experts (Mixtral, OLMoE, Qwen3-MoE): the expert permutation and the per-expert FFN groups against
-the stock forward, their negative controls, the per-expert storage of stock checkpoints, and planted recovery by
-weight matching.
+"""Mixtures of experts (Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE): the expert permutation, the per-expert FFN groups and
+Qwen2-MoE's shared expert against the stock forward, their negative controls, the per-expert storage of stock
+checkpoints, and planted recovery by weight matching.
 
 The property tests of every family (tests/test_symmetry.py) cover each class's group element by element, and
 tests/test_qk_norm.py OLMoE's and Qwen3-MoE's QK-norm; here are the parts that only a mixture of experts has.
@@ -88,6 +88,39 @@ def test_wrong_expert_actions_change_the_logits(moe, tensors, suffix, how, what)
     right = _forward(model, apply(model.spec, g, model.params))
     assert_same_function(right, ref, dtype=torch.float32, what=f"{family} as the spec says")
     wrong = _forward(model, apply(_without(model.spec, tensors, suffix, how), g, model.params))
+    assert gap(wrong, ref, dtype=torch.float32) > 100, what
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """(canonical model, stock logits) of the tiny Qwen2-MoE: a shared expert beside the experts of each mixture."""
+    return loaded_with_logits("qwen2_moe", tmp_path_factory.mktemp("qwen2_moe") / "m")
+
+
+def test_the_spec_states_the_shared_expert(shared, capsys):
+    model = shared[0]
+    spec, s = model.spec, model.shape
+    units, scale = spec.groups["blocks.0.shared"], spec.groups["blocks.0.shared_glu"]
+    assert (units.family, units.kind, units.size, units.batch, units.indexed_by) == ("ffn_perm", "permutation", s.d_shared, (), None)
+    assert (scale.family, scale.size, scale.indexed_by) == ("glu_scale", s.d_shared, "blocks.0.shared")
+    assert {a.group for a in spec.actions["blocks.0.moe.W_shared_router"]} == {"residual.rotation"}  # a reader, no unit
+    # inspect gives the experts' and the shared expert's units a row each (they differ in size and reason)
+    assert cli.main(["inspect", str(model.path), "--json"]) == 0
+    rows = [f for f in json.loads(capsys.readouterr().out)["families"] if f["family"] == "ffn_perm"]
+    assert [(r["size"], r["copies"]) for r in rows] == [(s.d_mlp, s.n_layers * s.n_experts), (s.d_shared, s.n_layers)]
+
+
+@pytest.mark.parametrize("tensors,suffix,family,what", [
+    (("W_shared_out",), ".shared", "ffn_perm", "the shared expert's units permuted in up and gate, not in down"),
+    (("W_shared_out",), ".shared_glu", "glu_scale", "the shared expert's GLU scale on up, not undone on down"),
+    (("W_shared_router",), ".rotation", "residual_rotation", "the shared expert's gate left unturned"),
+])
+def test_wrong_shared_expert_actions_change_the_logits(shared, tensors, suffix, family, what):
+    model, ref = shared
+    g = random_element(model.spec, torch.Generator().manual_seed(2), [family])
+    assert_same_function(_forward(model, apply(model.spec, g, model.params)), ref, dtype=torch.float32,
+                         what=f"{family} as the spec says")
+    wrong = _forward(model, apply(_without(model.spec, tensors, suffix), g, model.params))
     assert gap(wrong, ref, dtype=torch.float32) > 100, what
 
 

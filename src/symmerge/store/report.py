@@ -70,21 +70,26 @@ def write(path, command: str, payload: dict) -> None:
 
 
 def describe(model: LazyModel) -> dict:
-    """What `symmerge inspect` prints: shape, groups by family, dimensions, parameter count.
+    """What `symmerge inspect` prints: shape, groups by family, dimensions, parameter count. A family whose groups
+    differ in kind, size, constraints or reason (a mixture's experts and its shared expert or dense layers) gets one
+    row per kind of group, in the spec's order.
 
     Reads only the checkpoint's headers (tensor shapes), never its weights."""
     n_params = sum(math.prod(shape) for shape in model.ckpt.shapes().values())
     families = []
     for fam in model.spec.families():
-        members = [g for g in model.spec.groups.values() if g.family == fam]
-        g0 = members[0]
-        families.append({
-            "family": fam, "kind": g0.kind, "size": g0.size,
-            "copies": sum(math.prod(g.batch) for g in members),
-            "dimension": sum(g.dimension for g in members),
-            "constraints": list(g0.constraints), "note": g0.note,
-            "groups": [g.name for g in members],
-        })
+        rows: dict[tuple, list] = {}
+        for g in model.spec.groups.values():
+            if g.family == fam:
+                rows.setdefault((g.kind, g.size, g.constraints, g.note), []).append(g)
+        for (kind, size, constraints, note), members in rows.items():
+            families.append({
+                "family": fam, "kind": kind, "size": size,
+                "copies": sum(math.prod(g.batch) for g in members),
+                "dimension": sum(g.dimension for g in members),
+                "constraints": list(constraints), "note": note,
+                "groups": [g.name for g in members],
+            })
     return {
         "path": str(model.path), "arch": model.shape.arch, "hf_class": model.shape.hf_class,
         "shape": model.shape.to_dict(), "parameters": n_params, "families": families,
