@@ -41,10 +41,6 @@ def _mean(row: str) -> Mean:
     return Mean(tuple(_activation(pair, row) for pair in ACTIVATION_PAIRS))
 
 
-#: the record key ending of the width runs the pages quote: "" once the default's are recorded (eight epochs)
-MANY = "-epochs8"
-
-
 def _many(model: str) -> Ref:
     """The default dual's share of plain averaging's excess on four demo models."""
     return Ref("default_many", f"{model}-many", f"4 {model}", "default dual excess / simplex (ratio)", k=2)
@@ -80,15 +76,15 @@ def _epochs(pair: str) -> tuple[Ref, Ref]:
                                                                           pair + UNIFORM))
 
 
-#: the x2 width pairs (`default_many.py --part width`) whose peak run is not recorded yet
+#: the x2 width pairs (`default_many.py --part width`) whose default run is not recorded yet
 WIDTH_UNIFORM_ONLY = ("gpt2", "llama")
 
 
 def width_key(model: str, uniform: bool | None = None) -> str:
-    """The default_many record of `model`'s width pair the pages quote (eight epochs: `MANY`): its uniform-draw run's
-    where `uniform` says so (None: where the peak run is not recorded, `WIDTH_UNIFORM_ONLY`)."""
+    """The default_many record of `model`'s width pair: its run of eight epochs with uniform draws where `uniform`
+    says so (None: where the default's is not recorded, `WIDTH_UNIFORM_ONLY`), else the default's."""
     uniform = model in WIDTH_UNIFORM_ONLY if uniform is None else uniform
-    return f"{model}-width" + (UNIFORM if uniform else MANY)
+    return f"{model}-width" + (UNIFORM if uniform else "")
 
 
 def _width(model: str, column: str, uniform: bool | None = None) -> Ref:

@@ -66,7 +66,7 @@ REPRO = "benchmarks/reproduction_table.py (its result file holds the command lin
 def _width_command(model: str) -> str:
     """The command of the figure of `model`'s width pair (`doc_figures.width_key`)."""
     uniform = model in doc_figures.WIDTH_UNIFORM_ONLY
-    return f"benchmarks/default_many.py {model} --part width --epochs 8" + (" --lam-sampling uniform" if uniform else "")
+    return f"benchmarks/default_many.py {model} --part width" + (" --epochs 8 --lam-sampling uniform" if uniform else "")
 
 
 FIGURES = {f.name: f for f in (
