@@ -118,6 +118,9 @@ _FIGURES = [
                                  "the bare expansion's"),
            "benchmark", refs=tuple(map(_many, MODELS)) + tuple(_width(m, "default dual (ratio)") for m in MODELS),
            command=DEFAULT_MANY, page=LIMITATIONS),
+    Figure("limitations-many-epochs8", P("Eight epochs on the same four Llama-style models left {}."), "benchmark",
+           refs=(Ref("default_many", "llama-many-epochs8-retrained", "4 llama", "default dual excess / simplex (ratio)",
+                     k=2),), command=DEFAULT_MANY + " llama --part many --epochs 8", page=LIMITATIONS),
     Figure("limitations-width-weight", P("alone leaves {} of the bare expansion's barrier on the ViT width pair ({} on "
                                          "GPT-2's, {} on Llama's; {} on a retraining of the ViT pair;"), "benchmark",
            refs=tuple(_width(m, "weight (ratio)", uniform=True) for m in MODELS) + (_width("vit", "weight (ratio)"),),
