@@ -77,7 +77,7 @@ def _epochs(pair: str) -> tuple[Ref, Ref]:
 
 
 #: the x2 width pairs (`default_many.py --part width`) whose default run is not recorded yet
-WIDTH_UNIFORM_ONLY = ("gpt2",)
+WIDTH_UNIFORM_ONLY: tuple[str, ...] = ()
 
 
 def width_key(model: str, uniform: bool | None = None) -> str:

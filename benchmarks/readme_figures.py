@@ -127,7 +127,7 @@ FIGURES = {f.name: f for f in (
            command=_width_command("vit")),
     Figure("default-many-vit-earlier", P("left four ViTs an excess of {} ({} of plain averaging's)"), "benchmark",
            command="benchmarks/default_many.py vit --part many --epochs 4 --extend 2"),
-    Figure("default-width-gpt2", P("{} against {}\nfor character GPT-2s ({} of it; weight matching alone: {} of it)"),
+    Figure("default-width-gpt2", P("{} against {}\nfor retrained character GPT-2s ({} of it; weight matching alone: {} of it)"),
            "benchmark", command=_width_command("gpt2")),
     Figure("default-width-llama", P("and {} against {} for\nretrained Llama-style models ({} of it; weight matching alone: {} of it)"),
            "benchmark", command=_width_command("llama")),
