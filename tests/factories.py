@@ -119,7 +119,7 @@ def _configs() -> dict:
         "qwen3_moe_dense": lambda: T.Qwen3MoeConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                                                     num_key_value_heads=2, head_dim=12, intermediate_size=40,
                                                     moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
-                                                    mlp_only_layers=[2], norm_topk_prob=False, vocab_size=61,
+                                                    mlp_only_layers=[2], norm_topk_prob=True, vocab_size=61,
                                                     max_position_embeddings=32, rms_norm_eps=1e-2,
                                                     tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
                                                     pad_token_id=None),
