@@ -76,18 +76,13 @@ def _epochs(pair: str) -> tuple[Ref, Ref]:
                                                                           pair + UNIFORM))
 
 
-#: the x2 width pairs (`default_many.py --part width`) whose default run is not recorded yet
-WIDTH_UNIFORM_ONLY: tuple[str, ...] = ()
-
-
-def width_key(model: str, uniform: bool | None = None) -> str:
-    """The default_many record of `model`'s width pair: its run of eight epochs with uniform draws where `uniform`
-    says so (None: where the default's is not recorded, `WIDTH_UNIFORM_ONLY`), else the default's."""
-    uniform = model in WIDTH_UNIFORM_ONLY if uniform is None else uniform
+def width_key(model: str, uniform: bool = False) -> str:
+    """The default_many record of `model`'s x2 width pair (`default_many.py --part width`): the default's, or with
+    `uniform` its run of eight epochs with uniform draws."""
     return f"{model}-width" + (UNIFORM if uniform else "")
 
 
-def _width(model: str, column: str, uniform: bool | None = None) -> Ref:
+def _width(model: str, column: str, uniform: bool = False) -> Ref:
     """A method's share of the bare expansion's barrier on a x2 width pair (record `width_key(model, uniform)`)."""
     return Ref("default_many", width_key(model, uniform), f"{model}:", column, k=1)
 

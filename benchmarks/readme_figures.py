@@ -63,12 +63,6 @@ TIME = Tol(rel=0.5)  # CPU or wall seconds on a shared 2-core machine
 REPRO = "benchmarks/reproduction_table.py (its result file holds the command lines)"
 
 
-def _width_command(model: str) -> str:
-    """The command of the figure of `model`'s width pair (`doc_figures.width_key`)."""
-    uniform = model in doc_figures.WIDTH_UNIFORM_ONLY
-    return f"benchmarks/default_many.py {model} --part width" + (" --epochs 8 --lam-sampling uniform" if uniform else "")
-
-
 FIGURES = {f.name: f for f in (
     Figure("demo", P("`symmerge demo` on a fresh folder at 1 thread (`OMP_NUM_THREADS=1`; about {} CPU seconds;")
            + r"[^|]*\| " + r" \| ".join([NUM] * 5) + r" \|", "script", demo, command="symmerge demo -o DIR",
@@ -124,13 +118,13 @@ FIGURES = {f.name: f for f in (
            command="benchmarks/default_many.py llama --part many"),
     Figure("default-width-vit", P("barrier of {} where the\nbare expansion's is {} for retrained ViTs ({} of it; weight matching "
                                   "alone: {} of it)"), "benchmark",
-           command=_width_command("vit")),
+           command="benchmarks/default_many.py vit --part width"),
     Figure("default-many-vit-earlier", P("left four ViTs an excess of {} ({} of plain averaging's)"), "benchmark",
            command="benchmarks/default_many.py vit --part many --epochs 4 --extend 2"),
     Figure("default-width-gpt2", P("{} against {}\nfor retrained character GPT-2s ({} of it; weight matching alone: {} of it)"),
-           "benchmark", command=_width_command("gpt2")),
+           "benchmark", command="benchmarks/default_many.py gpt2 --part width"),
     Figure("default-width-llama", P("and {} against {} for\nretrained Llama-style models ({} of it; weight matching alone: {} of it)"),
-           "benchmark", command=_width_command("llama")),
+           "benchmark", command="benchmarks/default_many.py llama --part width"),
 )}
 
 # --- where each benchmark figure comes from: one result cell per value, in the README's order ---------------

@@ -122,7 +122,7 @@ def expert_step(spec, chosen, g, fit, xs_a: list, xs_b: list, params_a: dict, pa
     if use_glu:
         d = torch.sign(corr) * rms_a / torch.gather(rms_b[p], 1, units)
         g[roles.glu] = unindex(spec, roles.glu, torch.where(d == 0, torch.ones_like(d), d), g)
-    if roles.shared is not None:
+    if roles.shared is not None and (roles.shared in chosen or roles.shared_glu in chosen):
         mom = FfnMoments()
         for xa, xb in zip(xs_a, xs_b):
             mom.add(shared_hidden(params_a, i, xa, act), shared_hidden(params_b, i, xb, act))
