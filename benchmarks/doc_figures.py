@@ -195,6 +195,15 @@ _FIGURES = [
     Figure("limitations-unseen", P("plain averaging's barrier: {} (GPT-2),\n  {} (GPT-NeoX) and {} (Llama-style)"),
            "benchmark", refs=(_dual("gpt2-wiki-char-demo"), _dual("neox-wiki-char-demo"), _dual("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py", page=LIMITATIONS),
+    Figure("limitations-rotary-position", P("the default leaves {} (GPT-NeoX, the whole head rotary), {}\n  (Llama-style) "
+                                            "and {} (Llama-style on WikiText-2) of plain averaging's excess at that "
+                                            "position, against\n  {}, {} and {} over the whole window"), "benchmark",
+           refs=tuple(Ref("barrier_by_position", k, row, "aligned / plain") for row in ("position 1", "all")
+                      for k in ("neox-rot100-char-demo", "llama-char-demo-retrained", "llama-wiki-char-demo")),
+           command="benchmarks/barrier_by_position.py", page=LIMITATIONS),
+    Figure("limitations-unseen-epochs16", P("sixteen epochs on the Llama-style pair leave {} where twelve leave {}"),
+           "benchmark", refs=(_dual("llama-wiki-char-demo-epochs16"), _dual("llama-wiki-char-demo")),
+           command="benchmarks/default_dual.py llama-wiki-char-demo [--epochs 16]", page=LIMITATIONS),
     Figure("limitations-unseen-epochs12", P("(plain\n  averaging's barrier {} and {}, where the first trainings' are {} "
                                             "and {}, on which eight epochs\n  left {} (GPT-NeoX) and {} (Llama-style))"), "benchmark",
            refs=(*(Ref("default_dual", k, k, "plain") for k in ("neox-wiki-char-demo", "llama-wiki-char-demo",
