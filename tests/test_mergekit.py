@@ -45,7 +45,9 @@ def neox_buffers_optional(monkeypatch):
     monkeypatch.setitem(NAME_TO_ARCH, "GPTNeoXForCausalLM", [_load_architecture_json(json.dumps(data))])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi", "granite", "ministral3", "olmo3"])
+# mergekit has a definition of the first five classes and infers the layout of the rest
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi", "granite", "ministral3", "olmo3", "qwen2_moe",
+                                  "seed_oss", "exaone4", "olmoe"])
 def test_mergekit_linear_is_interpolate(tmp_path, arch, neox_buffers_optional):
     a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
     make_model(arch, seed=0, dtype=torch.float32).save_pretrained(a)
@@ -64,3 +66,30 @@ def test_mergekit_linear_is_interpolate(tmp_path, arch, neox_buffers_optional):
     text = mergekit_config([a.resolve(), (tmp_path / "canonical").resolve()], (tmp_path / "canonical").resolve(), "float32")
     bad = logits(mergekit_linear(text, tmp_path / "merged_canonical"), x)
     assert float((bad - want).abs().max()) > 1e-2 * scale
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_tie_note_says_when_mergekits_inferred_layout_misses_the_midpoint(tmp_path, tied):
+    """SmolLM3, whose layout mergekit infers: with A tied and the aligned output untied, mergekit.yml says that
+    mergekit takes the output's head alone, and its merge is not the midpoint; with A untied (the control) the
+    note is absent and the merge is the midpoint. Norm weights away from 1 (`randomised`), so that the output
+    cannot stay tied."""
+    from factories import make_config, randomised
+    from symmerge.store.gauge import TIE_NOTE
+
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    for seed, path in ((0, a), (1, b)):
+        torch.manual_seed(seed)
+        config = make_config("smollm3")
+        config.tie_word_embeddings = tied
+        randomised(T.AutoModelForCausalLM.from_config(config), seed).float().eval().save_pretrained(path)
+    assert main(["align", str(a), str(b), "-o", str(out)]) == 0
+    assert main(["interpolate", str(a), str(out), "--lam", "0.5", "-o", str(tmp_path / "mid")]) == 0
+    text = (out / MERGEKIT_FILE).read_text()
+    assert (TIE_NOTE[0] in text) == tied
+    assert T.AutoConfig.from_pretrained(out).tie_word_embeddings is False
+    x = example_inputs("smollm3")
+    want = logits(T.AutoModelForCausalLM.from_pretrained(tmp_path / "mid", dtype=torch.float32), x)
+    got = logits(mergekit_linear(text, tmp_path / "merged"), x)
+    scale = max(1.0, float(want.abs().max()))
+    assert (float((got - want).abs().max()) > 1e-2 * scale) == tied

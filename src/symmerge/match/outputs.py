@@ -44,14 +44,14 @@ def save_outputs(result: Result, a, b, out, force: bool = False, dtype=None) -> 
     written in the norm gauge of the stock A (`gauge.py`), so that a plain average of A and OUT (learned) or of
     OUT/A and OUT/B (dual) is the interpolation; a mergekit config of that midpoint lies beside
     (OUT/mergekit.yml). `dtype`: of the outputs (default: each input's)."""
-    from ..store.gauge import mergekit_base, side_files
+    from ..store.gauge import pair_side_files, side_files
     from ..store.model import reference_gauge
 
     meta = {"align": {"a": str(a.path), "b": str(b.path), **{k: v for k, v in result.report.items() if k != "history"}}}
     out = prepare_output(out, force)
     gauge = reference_gauge(a.path, a) if a.path is not None else None
     if result.report["method"] == "learned":
-        side = side_files([a.path, out], mergekit_base(a.path, out), dtype or b.dtype) if gauge else {}
+        side = pair_side_files(a.path, out, dtype or b.dtype) if gauge else {}
         write_element(b, result.elements["B"], out, force=force, extra=meta, gauge=gauge, side=side, dtype=dtype)
         return [(b.path, out)]
     with AtomicFolder(out) as tmp:

@@ -176,19 +176,26 @@ def export_part(adapter, s, params: Params, gauge: Gauge | None, key) -> Params:
 MERGEKIT_FILE = "mergekit.yml"
 
 
-def mergekit_config(models: list, base, dtype: str, weights: list[float] | None = None) -> str:
+def mergekit_config(models: list, base, dtype: str, weights: list[float] | None = None, notes: tuple[str, ...] = ()) -> str:
     """A mergekit `linear` config of the weighted mean of `models` (checkpoint folders, absolute paths;
     default the midpoint), with `base_model` set so that mergekit takes that model's config instead of
-    one of the inputs' at random."""
+    one of the inputs' at random; `notes`: comment lines under the header."""
     import json as _json
 
     q = lambda p: _json.dumps(str(p))  # noqa: E731 - a JSON string is a YAML string
     lines = ["# mergekit-yaml mergekit.yml MERGED: the plain average that symmerge's gauge makes equal to",
              "# `symmerge interpolate` at lam 0.5 (the aligned model is written in the gauge of the first)",
+             *(f"# {n}" for n in notes),
              "merge_method: linear", f"base_model: {q(base)}", f"dtype: {dtype}", "models:"]
     for m, w in zip(models, weights or [1.0 / len(models)] * len(models)):
         lines += [f"  - model: {q(m)}", "    parameters:", f"      weight: {w!r}"]
     return "\n".join(lines) + "\n"
+
+
+def _tied(folder) -> bool:
+    from .io import Checkpoint
+
+    return bool(getattr(Checkpoint(folder).config, "tie_word_embeddings", False))
 
 
 def mergekit_base(reference, output, out_tied: bool = False):
@@ -196,15 +203,27 @@ def mergekit_base(reference, output, out_tied: bool = False):
     A's config), except where A is tied and the output is not: a tied config would drop the output's head."""
     from pathlib import Path
 
-    from .io import Checkpoint
-
-    tied = bool(getattr(Checkpoint(reference).config, "tie_word_embeddings", False))
-    return Path(reference if tied == out_tied else output).resolve()
+    return Path(reference if _tied(reference) == out_tied else output).resolve()
 
 
-def side_files(models: list, base, dtype, weights: list[float] | None = None) -> dict[str, str]:
+#: mergekit.yml's note where A ties its head to its embedding (the aligned output is untied unless its residual map
+#: is a permutation: `tied_scale`)
+TIE_NOTE = ("A ties its head to its embedding. Where the aligned output does not (its config.json says",
+            "tie_word_embeddings: false), mergekit merges the head right only where its definition of this class",
+            "names that tie; where it infers the layout instead (it logs 'Inferred ... modules') it takes the",
+            "output's head alone, and the merge is not the midpoint. `symmerge interpolate A OUT --lam 0.5` is.")
+
+
+def pair_side_files(reference, output, dtype) -> dict[str, str]:
+    """`side_files` of the midpoint of the reference A and an aligned `output` written untied in A's gauge
+    (align by weight, activation or learned matching), with `TIE_NOTE` where A is tied."""
+    notes = TIE_NOTE if _tied(reference) else ()
+    return side_files([reference, output], mergekit_base(reference, output), dtype, notes=notes)
+
+
+def side_files(models: list, base, dtype, weights: list[float] | None = None, notes: tuple[str, ...] = ()) -> dict[str, str]:
     """{"mergekit.yml": the config of the (weighted) mean of `models`} to write beside aligned outputs."""
     from pathlib import Path
 
     name = str(dtype).replace("torch.", "")
-    return {MERGEKIT_FILE: mergekit_config([Path(m).resolve() for m in models], base, name, weights)}
+    return {MERGEKIT_FILE: mergekit_config([Path(m).resolve() for m in models], base, name, weights, notes)}

@@ -119,7 +119,7 @@ def in_gauge_of(a, out, dtype, like, rep: dict):
     config of the midpoint beside it; (None, {}) where A's gauge cannot be used (see `gauge.Gauge.of`), or
     where A was expanded into B's wider config (`like`, A as matched, is not of A's shape): OUT is then in
     canonical form, the gauge `symmerge expand A --like B` writes A in. `rep["gauge"]` says which."""
-    from ..store.gauge import mergekit_base, side_files
+    from ..store.gauge import pair_side_files
     from ..store.model import reference_gauge
 
     gauge = reference_gauge(a, like)
@@ -127,7 +127,7 @@ def in_gauge_of(a, out, dtype, like, rep: dict):
         rep["gauge"] = "canonical"
         return None, {}
     rep["gauge"] = str(a)
-    return gauge, side_files([a, out], mergekit_base(a, out), dtype)
+    return gauge, pair_side_files(a, out, dtype)
 
 
 def default_families(groups, b) -> list[str] | None:
