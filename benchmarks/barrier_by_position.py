@@ -68,9 +68,9 @@ def main() -> None:
     record.add_argument(ap, "barrier_by_position")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if "input_ids" not in load_batches(args.models[0], args.data, "test", batch_size=1, max_batches=1)[0]:
-        raise SystemExit("barrier_by_position measures language models (batches of input_ids)")
     batches = load_batches(args.models[0], args.data, "test", batch_size=args.batch_size, max_batches=args.batches)
+    if "input_ids" not in batches[0]:
+        raise SystemExit("barrier_by_position measures language models (batches of input_ids)")
     (plain, ends), (aligned, _) = (excess(*(load_model(m) for m in pair), batches)
                                    for pair in (args.models[:2], args.models[2:]))
     rows = [[name, f"{plain[lo:hi].mean():.4f}", f"{aligned[lo:hi].mean():.4f}",

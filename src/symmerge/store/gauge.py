@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -192,20 +193,6 @@ def mergekit_config(models: list, base, dtype: str, weights: list[float] | None 
     return "\n".join(lines) + "\n"
 
 
-def _tied(folder) -> bool:
-    from .io import Checkpoint
-
-    return bool(getattr(Checkpoint(folder).config, "tie_word_embeddings", False))
-
-
-def mergekit_base(reference, output, out_tied: bool = False):
-    """The `base_model` for the midpoint of the reference A and an aligned output: A (mergekit then takes
-    A's config), except where A is tied and the output is not: a tied config would drop the output's head."""
-    from pathlib import Path
-
-    return Path(reference if _tied(reference) == out_tied else output).resolve()
-
-
 #: mergekit.yml's note where A ties its head to its embedding (the aligned output is untied unless its residual map
 #: is a permutation: `tied_scale`)
 TIE_NOTE = ("A ties its head to its embedding. Where the aligned output does not (its config.json says",
@@ -215,15 +202,18 @@ TIE_NOTE = ("A ties its head to its embedding. Where the aligned output does not
 
 
 def pair_side_files(reference, output, dtype) -> dict[str, str]:
-    """`side_files` of the midpoint of the reference A and an aligned `output` written untied in A's gauge
-    (align by weight, activation or learned matching), with `TIE_NOTE` where A is tied."""
-    notes = TIE_NOTE if _tied(reference) else ()
-    return side_files([reference, output], mergekit_base(reference, output), dtype, notes=notes)
+    """`side_files` of the midpoint of the reference A and an aligned `output` in A's gauge (align by weight,
+    activation or learned matching). Its `base_model` is A (mergekit then takes A's config), except where A is
+    tied: the output is then taken as untied (see TIE_NOTE's comment), and a tied config would drop its head;
+    that config also carries `TIE_NOTE`."""
+    from .io import Checkpoint
+
+    tied = bool(getattr(Checkpoint(reference).config, "tie_word_embeddings", False))
+    base = Path(output if tied else reference).resolve()
+    return side_files([reference, output], base, dtype, notes=TIE_NOTE if tied else ())
 
 
 def side_files(models: list, base, dtype, weights: list[float] | None = None, notes: tuple[str, ...] = ()) -> dict[str, str]:
     """{"mergekit.yml": the config of the (weighted) mean of `models`} to write beside aligned outputs."""
-    from pathlib import Path
-
     name = str(dtype).replace("torch.", "")
     return {MERGEKIT_FILE: mergekit_config([Path(m).resolve() for m in models], base, name, weights, notes)}
