@@ -236,4 +236,4 @@ def test_cli_merge_by_every_data_method(planted, tmp_path, monkeypatch):
         r = json.loads(rep.read_text())
         assert r["method"] == method and r["rounds"] >= 1
         if method != "activation":
-            assert "reference: model 1" in r["gauge"] and r["weight_matching"]["rounds"] >= 1
+            assert "reference: model 1" in r["gauge"] and r["start"]["method"] == "weight" and r["start"]["rounds"] >= 1

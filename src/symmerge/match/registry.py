@@ -8,8 +8,9 @@ A matcher is registered with
   batches (`Data.val`, on which learned matching picks its best state); `holds_out(opts)`: whether, with
   these resolved options, it reads as many validation batches as training ones, when given (`Data.val`, on
   which activation matching's `--blocks best` chooses its element; the training batches when there are none);
-- `starts_from`: the matcher whose solution it starts from, run first over the same groups
-  (learned and dual start from weight matching: its element is their `init`);
+- `starts_from`: the matcher whose solution it starts from, run first over the same groups: the default of
+  its options' `start` field, which can name another (learned and dual start from weight matching, or from
+  activation matching: its element is their `init`);
 - `options`: its options class (a subclass of the start's where it has one, so that it holds the
   start's options too);
 - `run(a, b, families, data, opts, start, **runtime) -> Alignment`, `opts` the resolved options of
@@ -28,7 +29,7 @@ and their defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Callable
 
@@ -81,12 +82,21 @@ class Matcher:
     options: type[Options] = Options  # its options class (`match.options`), its start's options among them
     validates: bool = False
     holds_out: Callable[[dict], bool] = lambda opts: False  # a predicate on the resolved options
-    starts_from: str | None = None
     streams: bool = False  # reads checkpoints one part at a time (a `model.LazyModel` is enough)
     forward: bool = False  # runs the endpoints' forward where runtime `device` says, in runtime `dtype`
     places: bool = False  # runs its large products where runtime `device` says (weight matching; no `dtype`)
     casts: bool = False  # runs its forward where runtime `device` says, in runtime `dtype` (None: in --precision)
     many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
+
+    @property
+    def starts_from(self) -> str | None:
+        """The matcher it starts from where its options name none: their `start` field's default (None: none)."""
+        f = next((f for f in fields(self.options) if f.name == "start"), None)
+        return None if f is None else f.default
+
+    def start_of(self, opts: dict) -> str | None:
+        """The matcher it starts from with resolved options `opts`."""
+        return (opts.get("start") or self.starts_from) if self.starts_from else None
 
 
 def _from_match(method: str, res, start=None) -> Alignment:
@@ -187,7 +197,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
                      val_points=opts["val_simplex_points"], checkpoint=checkpoint, resume=resume)
     figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
                "converged": start.figures["converged"], "round_tol": start.figures["round_tol"],
-               "seconds": start.figures["seconds"] + res.report["time_s"], "weight_matching": start.figures}
+               "seconds": start.figures["seconds"] + res.report["time_s"], "start": {"method": start.method, **start.figures}}
     return ManyAlignment(method, res.elements, figures)
 
 
@@ -197,10 +207,10 @@ MATCHERS = {m.name: m for m in (
     Matcher("activation", "activation matching", "activations on --data", True, _run_activation,
             ActivationOptions, streams=True, casts=True, holds_out=_activation_holds_out, many=_run_activation_many),
     Matcher("learned", "learned matching", "B learned", True,
-            partial(_run_learned, "learned"), LearnedOptions, validates=True, starts_from="weight", forward=True,
+            partial(_run_learned, "learned"), LearnedOptions, validates=True, forward=True,
             many=partial(_run_learned_many, "learned")),
     Matcher("dual", "dual learned matching", "A and B learned", True,
-            partial(_run_learned, "dual"), DualOptions, validates=True, starts_from="weight", forward=True,
+            partial(_run_learned, "dual"), DualOptions, validates=True, forward=True,
             many=partial(_run_learned_many, "dual")),
 )}
 
@@ -235,8 +245,8 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
     opts = options_for(name, opts)
     if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
         raise SymmergeError(f"{m.label} needs data (--data): training{' and validation' if m.validates else ''} batches")
-    if m.starts_from and start is None:
-        start = align(m.starts_from, a, b, families, data, opts, progress=runtime.get("progress", False))
+    if m.start_of(opts) and start is None:
+        start = align(m.start_of(opts), a, b, families, data, opts, progress=runtime.get("progress", False))
     return m.run(a, b, families, data, opts, start, **runtime)
 
 
@@ -264,6 +274,7 @@ def align_many(name: str, sources: list, weights: list[float], families: list[st
     if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
         raise SymmergeError(f"merge --method {name} needs data (--data): training"
                             f"{' and validation' if m.validates else ''} batches")
-    if m.starts_from and start is None:
-        start = align_many(m.starts_from, sources, weights, families, data, opts, progress=runtime.get("progress", False))
+    if m.start_of(opts) and start is None:
+        start = align_many(m.start_of(opts), sources, weights, families, data, opts,
+                           progress=runtime.get("progress", False))
     return m.many(sources, weights, families, data, opts, start=start, **runtime)

@@ -96,9 +96,10 @@ def merge_models(paths: list, out, weights: list[float] | None = None, method: s
     families = models[0].spec.default_families() if families == "default" else families
     models[0].spec.select(families)  # unknown or absent families fail here, before any work
     check_outputs(paths, [out, aligned], force)
-    if start is not None and (start.method not in (method, matcher.starts_from) or len(start.elements) != len(models)):
+    first = matcher.start_of(opts)
+    if start is not None and (start.method not in (method, first) or len(start.elements) != len(models)):
         raise SymmergeError(f"merge --method {method}: the start given is a {start.method} alignment of "
-                            f"{len(start.elements)} models, not one of {method} or {matcher.starts_from} of {len(models)}")
+                            f"{len(start.elements)} models, not one of {method} or {first} of {len(models)}")
     runtime, group, ckpt = {}, distributed.current(), None
     if resume and not matcher.forward:
         raise SymmergeError(f"--resume continues an interrupted merge --method learned or dual run; {method} matching "

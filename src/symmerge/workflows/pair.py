@@ -254,8 +254,8 @@ def _learned(a, b, out, matcher, families, options, place, data, seq_len, force,
     name = data if isinstance(data, str) else None
     rep = finish_learned(Result(result.elements, {**result.figures, "data": name}), ma, mb, out, force,
                          batches.val[0], ckpt, dtype=out_dtype)
-    start = result.start.figures
-    rep["weight_matching"] = {"objective": start["objective"], "seconds": start["seconds"]}
+    start = result.start
+    rep["start"] = {"method": start.method, "objective": start.figures["objective"], "seconds": start.figures["seconds"]}
     rep["recipe"] = opts["recipe"]
     if note:
         rep["lr_note"] = note
