@@ -188,8 +188,8 @@ class LearnedOptions(WeightOptions):
     options besides the precision; its batches are the learner's training batches)."""
 
     METHOD: ClassVar[str] = "learned"
-    start: str = option(STARTS[0], "the matcher whose element learning starts from: weight (data-free) or activation "
-                        "(on the training batches; pairs heads by their attention patterns)", choices=STARTS)
+    start: str = option(STARTS[0], "the element learning starts from: weight matching's or activation matching's "
+                        "(on --data)", choices=STARTS)
     batch_size: int | None = option(None, *_BATCH_SIZE, recipe="batch_size")
     max_batches: int | None = option(None, *_MAX_BATCHES, recipe="max_batches")
     recipe: str | None = option(None, "the settings every learned/dual option starts from: full (epochs, --lr auto) "

@@ -1,0 +1,69 @@
+"""Learned and dual matching start from the element of the matcher their `start` option names (weight matching
+where none is named, activation matching when asked): with no step taken, what they return is that element."""
+
+import pytest
+import torch
+
+from factories import lm_batches, make_model
+from symmerge.errors import SymmergeError
+from symmerge.match import registry
+
+
+def _data() -> registry.Data:
+    return registry.Data(lm_batches(3, 0), lm_batches(2, 1))
+
+
+def _same(x: dict, y: dict) -> bool:
+    """The same element: permutations equal, continuous parts equal to float32 rounding (the learner holds
+    them in float32)."""
+    eps = torch.finfo(torch.float32).eps
+    return x.keys() == y.keys() and all(
+        torch.equal(x[k], y[k]) if not x[k].is_floating_point() else
+        torch.allclose(x[k].double(), y[k].double(), rtol=0, atol=16 * eps * max(1.0, y[k].abs().max().item()))
+        for k in x)
+
+
+@pytest.mark.parametrize("method", ["learned", "dual"])
+def test_no_step_returns_the_named_starts_element(pair, method):
+    """steps=0: B's element is the start's (A's the identity's for dual), for either start; the two starts give
+    different elements here, so the check tells them apart (each start is the other's control)."""
+    a, b = pair
+    families, data = b.spec.default_families(), _data()
+    found = {}
+    for start in registry.MATCHERS[method].options.__dataclass_fields__["start"].metadata["choices"]:
+        expected = registry.align(start, a, b, families, data, {})
+        got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start": start})
+        assert got.start.method == start and _same(got.elements["B"], expected.elements["B"])
+        found[start] = got.elements["B"]
+    assert not _same(found["weight"], found["activation"])
+
+
+def test_the_default_start_is_weight_matching(pair):
+    a, b = pair
+    got = registry.align("learned", a, b, b.spec.default_families(), _data(), {"recipe": "quick", "steps": 0})
+    assert registry.get("learned").starts_from == "weight" == got.start.method
+
+
+@pytest.mark.parametrize("method", ["learned", "dual"])
+def test_many_models_start_from_the_named_many_matcher(method, tmp_path):
+    """The many-model form: with no step taken, every model's element is the named start's many-model element,
+    and the report names it; the two starts differ here (each the other's control)."""
+    from factories import save_model
+    from symmerge.store.model import load_model
+
+    models = [load_model(save_model(make_model("gpt2", s), tmp_path / str(s))) for s in range(3)]
+    families, data, w = models[0].spec.default_families(), _data(), [0.5, 0.3, 0.2]
+    quick = {"recipe": "quick", "max_rounds": 2, "max_iters": 5, "steps": 0, "val_simplex_points": 2}
+    found = {}
+    for start in ("weight", "activation"):
+        expected = registry.align_many(start, models, w, families, data, quick)
+        got = registry.align_many(method, models, w, families, data, {**quick, "start": start})
+        assert got.figures["start"]["method"] == start
+        assert all(_same(g, e) for g, e in zip(got.elements, expected.elements))
+        found[start] = got.elements
+    assert not all(_same(x, y) for x, y in zip(found["weight"], found["activation"]))
+
+
+def test_an_unknown_start_is_refused():
+    with pytest.raises(SymmergeError, match="choose from weight, activation"):
+        registry.options("dual", {"start": "learned"})
