@@ -7,6 +7,7 @@ import torch
 from factories import lm_batches, make_model
 from symmerge.errors import SymmergeError
 from symmerge.match import registry
+from symmerge.match.learn_report import time_line
 
 
 def _data() -> registry.Data:
@@ -34,6 +35,8 @@ def test_no_step_returns_the_named_starts_element(pair, method):
         expected = registry.align(start, a, b, families, data, {})
         got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start": start})
         assert got.start.method == start and _same(got.elements["B"], expected.elements["B"])
+        assert got.figures["time"]["start_s"] == round(got.start.figures["seconds"], 3)  # where the time went
+        assert "its start" in time_line(got.figures)
         found[start] = got.elements["B"]
     assert not _same(found["weight"], found["activation"])
 
@@ -58,7 +61,7 @@ def test_many_models_start_from_the_named_many_matcher(method, tmp_path):
     for start in ("weight", "activation"):
         expected = registry.align_many(start, models, w, families, data, quick)
         got = registry.align_many(method, models, w, families, data, {**quick, "start": start})
-        assert got.figures["start"]["method"] == start
+        assert got.figures["start"]["method"] == start and got.figures["time"]["start_s"] >= 0
         assert all(_same(g, e) for g, e in zip(got.elements, expected.elements))
         found[start] = got.elements
     assert not all(_same(x, y) for x, y in zip(found["weight"], found["activation"]))

@@ -85,15 +85,17 @@ def rate_text(lr: float, search: dict | None) -> str:
 
 
 def time_line(report: dict) -> str:
-    """Where the run's time went, in one line: the loop (its validations, its steps past the plan) and the
-    rate search. Apart from `end_line`, which holds no timing, so that a report is the same on every run."""
+    """Where the run's time went, in one line: the loop (its validations, its steps past the plan), the rate
+    search and the matcher it started from. Apart from `end_line`, which holds no timing, so that a report is the
+    same on every run."""
     t = report.get("time")
     if not t:
         return ""
     parts = [f"{t['validation_s']:.0f} s validating"] + ([f"{t['past_plan_s']:.0f} s past the plan"]
                                                         if t.get("past_plan_s") else [])
     search = f", --lr auto's search {t['search_s']:.0f} s" if t.get("search_s") else ""
-    return f"{t['loop_s']:.0f} s learning ({', '.join(parts)}){search}"
+    start = f", its start {t['start_s']:.0f} s" if t.get("start_s") else ""
+    return f"{t['loop_s']:.0f} s learning ({', '.join(parts)}){search}{start}"
 
 
 def _f(x) -> str:

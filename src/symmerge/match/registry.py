@@ -141,6 +141,7 @@ def _run_learned(method: str, a, b, families, data, opts, start, progress: bool 
 
     cfg = learn_config(method, families, opts, progress, device, dtype)
     res = learn(a, b, data.train, data.val, cfg, init=start.elements["B"], checkpoint=checkpoint, resume=resume)
+    res.report["time"]["start_s"] = round(start.figures["seconds"], 3)
     return Alignment(method, res.elements, res.report, start)
 
 
@@ -195,6 +196,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
     # the sources as they are (LazyModels: read part by part into frozen stores, never whole)
     res = learn_many(list(sources), weights, data.train, data.val, cfg, init=start.elements,
                      val_points=opts["val_simplex_points"], checkpoint=checkpoint, resume=resume)
+    res.report["time"]["start_s"] = round(start.figures["seconds"], 3)
     figures = {**res.report, "objective": start.figures["objective"], "rounds": start.figures["rounds"],
                "converged": start.figures["converged"], "round_tol": start.figures["round_tol"],
                "seconds": start.figures["seconds"] + res.report["time_s"], "start": {"method": start.method, **start.figures}}
