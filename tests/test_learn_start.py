@@ -33,7 +33,8 @@ def test_no_step_returns_the_named_starts_element(pair, method):
     found = {}
     for start in registry.MATCHERS[method].options.__dataclass_fields__["start"].metadata["choices"]:
         expected = registry.align(start, a, b, families, data, {})
-        got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start": start})
+        got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start": start},
+                             device="cpu", dtype="float32")  # as `symmerge align` passes them; a start that casts gets the device
         assert got.start.method == start and _same(got.elements["B"], expected.elements["B"])
         assert got.figures["time"]["start_s"] == round(got.start.figures["seconds"], 3)  # where the time went
         assert "its start" in time_line(got.figures)

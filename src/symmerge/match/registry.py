@@ -10,7 +10,8 @@ A matcher is registered with
   which activation matching's `--blocks best` chooses its element; the training batches when there are none);
 - `starts_from`: the matcher whose solution it starts from, run first over the same groups: the default of
   its options' `start` field, which can name another (learned and dual start from weight matching, or from
-  activation matching: its element is their `init`);
+  activation matching: its element is their `init`). A start that `casts` runs its forward on the runtime
+  `device` (in its --precision); weight matching's products stay on the CPU;
 - `options`: its options class (a subclass of the start's where it has one, so that it holds the
   start's options too);
 - `run(a, b, families, data, opts, start, **runtime) -> Alignment`, `opts` the resolved options of
@@ -248,7 +249,9 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
     if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
         raise SymmergeError(f"{m.label} needs data (--data): training{' and validation' if m.validates else ''} batches")
     if m.start_of(opts) and start is None:
-        start = align(m.start_of(opts), a, b, families, data, opts, progress=runtime.get("progress", False))
+        first = get(m.start_of(opts))
+        on = {"device": runtime["device"]} if first.casts and "device" in runtime else {}
+        start = align(first.name, a, b, families, data, opts, progress=runtime.get("progress", False), **on)
     return m.run(a, b, families, data, opts, start, **runtime)
 
 
