@@ -101,6 +101,12 @@ def _spread(row: str, column: str, table: int = 0) -> Ref:
     return Ref("width_weight_spread", "into mnist-vit-wide-seed1", row, column, table=table)
 
 
+#: the records of `default_dual.py NAME --start activation` and of the default start on the same trained pair
+STARTS = tuple((f"{p}-startactivation", default) for p, default in (
+    ("llama-char-demo", "llama-char-demo-retrained"), ("llama-wiki-char-demo", "llama-wiki-char-demo"),
+    ("llama-mha-char-demo", "llama-mha-char-demo"), ("neox-rot100-char-demo", "neox-rot100-char-demo"),
+    ("neox-rot50-char-demo", "neox-rot50-char-demo"), ("llama-char-demo-seeds23", "llama-char-demo-seeds23")))
+
 MODELS = ("vit", "gpt2", "llama")
 VIT01, LLAMA01 = "ViTs on MNIST, seeds 0 and 1", "Llama-style, characters, seeds 0 and 1"
 ACT_DIAG, DEFAULT_MANY = "benchmarks/activation_diagnosis.py", "benchmarks/default_many.py"
@@ -215,6 +221,17 @@ _FIGURES = [
            refs=(*_epochs("neox-wiki-char-demo"), *_epochs("gpt2-wiki-char-demo"),
                  _dual("gpt2-wiki-char-demo" + UNIFORM), *_epochs("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py NAME --lam-sampling uniform [--epochs 4 --extend 2]", page=LIMITATIONS),
+    Figure("limitations-start-activation",
+           P("on one training: {} against {} (Llama-style demo pair), {} against {} (Llama-style on\n  WikiText-2), {} "
+             "against {} (Llama-style without grouped-query attention), {} against {}\n  (GPT-NeoX, the whole head "
+             "rotary) and {} against {} (half of each head); on the second Llama-style\n  pair it left {} against {}"),
+           "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
+           command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
+    Figure("limitations-start-validation", P("the second Llama-style pair's start stood at {} against weight "
+                                             "matching's {}"), "benchmark",
+           refs=tuple(Ref("default_dual", key, key, "validation barrier: start -> best") for key in
+                      ("llama-char-demo-seeds23-startactivation", "llama-char-demo-seeds23")),
+           command="benchmarks/default_dual.py llama-char-demo --seeds 2,3 [--start activation]", page=LIMITATIONS),
     Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
                                   "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
            "benchmark", refs=tuple(_dual(f"{p}-char-demo{u}") for u in (E8, UNIFORM) for p in ("neox", "llama", "gpt2")),
