@@ -222,12 +222,12 @@ _FIGURES = [
                  _dual("gpt2-wiki-char-demo" + UNIFORM), *_epochs("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py NAME --lam-sampling uniform [--epochs 4 --extend 2]", page=LIMITATIONS),
     Figure("limitations-start-activation",
-           P("on one training: {} against {} (Llama-style demo pair), {} against {} (Llama-style on\n  WikiText-2), {} "
-             "against {} (Llama-style without grouped-query attention), {} against {}\n  (GPT-NeoX, the whole head "
-             "rotary) and {} against {} (half of each head); on the second Llama-style\n  pair it left {} against {}"),
+           P("on one training: {} against {} (Llama-style demo pair), {} against {}\n  (Llama-style on WikiText-2), {} "
+             "against {} (Llama-style without grouped-query attention), {}\n  against {} (GPT-NeoX, the whole head "
+             "rotary) and {} against {} (half of each head); on the second\n  Llama-style pair it left {} against {}"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
            command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
-    Figure("limitations-start-validation", P("the second Llama-style pair's start stood at {} against weight "
+    Figure("limitations-start-validation", P("the second Llama-style\n  pair's start stood at {} against weight "
                                              "matching's {}"), "benchmark",
            refs=tuple(Ref("default_dual", key, key, "validation barrier: start -> best") for key in
                       ("llama-char-demo-seeds23-startactivation", "llama-char-demo-seeds23")),
