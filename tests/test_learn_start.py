@@ -71,3 +71,16 @@ def test_many_models_start_from_the_named_many_matcher(method, tmp_path):
 def test_an_unknown_start_is_refused():
     with pytest.raises(SymmergeError, match="choose from weight, activation"):
         registry.options("dual", {"start": "learned"})
+
+
+@pytest.mark.parametrize("command", ["align", "merge"])
+def test_align_and_merge_take_the_start(command):
+    """`--start` is a flag of both commands, and reaches the options they run with (none given: weight matching)."""
+    from symmerge.cli import build_parser
+    from symmerge.commands.option_flags import options_of
+
+    head = [command, "a", "b"] if command == "align" else [command, "a", "b", "c"]
+    given = build_parser().parse_args([*head, "-o", "o", "--method", "dual", "--data", "d", "--start", "activation"])
+    plain = build_parser().parse_args([*head, "-o", "o", "--method", "dual", "--data", "d"])
+    assert options_of(given, "dual").resolved()["start"] == "activation"
+    assert options_of(plain, "dual").resolved()["start"] == "weight"

@@ -16,7 +16,7 @@ from .transform import parse_groups
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here), and
 #: the many-model options only learned / dual read
-LEARN_OPTIONS = ("recipe", "param", "steps", "epochs", "lr", "seed", "eval_every", "extend", "val_batches", "val_data",
+LEARN_OPTIONS = ("start", "recipe", "param", "steps", "epochs", "lr", "seed", "eval_every", "extend", "val_batches", "val_data",
                  "recompute")
 MANY_LEARN_OPTIONS = ("val_simplex_points",)
 MANY = [f.name for f in fields(ManyOptions)]
@@ -82,7 +82,8 @@ def run(args) -> int:
     h = rep["objective"]
     stop = (f"converged: gain at most {rep['round_tol']:g} relative" if rep["converged"]
             else f"stopped at --max-rounds {rep['rounds']}")
-    what = "similarity to the mean" if args.method != "activation" else "minus the average's loss"
+    rounds_of = rep.get("start", {}).get("method", args.method)  # the matcher whose rounds `objective` holds
+    what = "similarity to the mean" if rounds_of != "activation" else "minus the average's loss"
     tail = (f"; validation objective {rep['objective_before']:.4f} -> {rep['objective_after']:.4f} ({rep['gauge']})"
             f"{_rate(rep)}" if registry.get(args.method).validates else "")
     print(f"wrote {args.out}: {len(args.models)} models merged by {args.method} matching; {what} "

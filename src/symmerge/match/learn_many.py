@@ -1,7 +1,7 @@
 """Learned and dual matching of many models: every model's group element trained on the task loss at
 random points of the simplex, the model weights frozen.
 
-Models P_1..P_n with starting elements g0_i (the many-model weight-matching solution). At each step a
+Models P_1..P_n with starting elements g0_i (the many-model solution of the matcher it starts from). At each step a
 batch and a point alpha ~ Dirichlet(1, ..., 1) of the simplex are drawn from (seed, step) alone, and the
 loss is the stock HF loss of sum_i alpha_i g_i·P_i, run block by block on the frozen models
 (`blockwise.py`, as pairwise learning: `ManyLearner`).
@@ -55,7 +55,7 @@ REFERENCE = 0
 
 
 def gauge_note(n: int) -> str:
-    return (f"reference: model {REFERENCE + 1} of {n} keeps its weight-matching element and learns nothing "
+    return (f"reference: model {REFERENCE + 1} of {n} keeps its starting element and learns nothing "
             "(a common element of all models leaves the loss unchanged)")
 
 
