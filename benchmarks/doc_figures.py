@@ -105,7 +105,8 @@ def _spread(row: str, column: str, table: int = 0) -> Ref:
 STARTS = tuple((f"{p}-startactivation", default) for p, default in (
     ("llama-char-demo", "llama-char-demo-retrained"), ("llama-wiki-char-demo", "llama-wiki-char-demo"),
     ("llama-mha-char-demo", "llama-mha-char-demo"), ("neox-rot100-char-demo", "neox-rot100-char-demo"),
-    ("neox-rot50-char-demo", "neox-rot50-char-demo"), ("llama-char-demo-seeds23", "llama-char-demo-seeds23")))
+    ("neox-rot50-char-demo", "neox-rot50-char-demo"), ("gpt2-char-demo", "gpt2-char-demo"),
+    ("llama-char-demo-seeds23", "llama-char-demo-seeds23"), ("neox-wiki-char-demo", "neox-wiki-char-demo")))
 
 MODELS = ("vit", "gpt2", "llama")
 VIT01, LLAMA01 = "ViTs on MNIST, seeds 0 and 1", "Llama-style, characters, seeds 0 and 1"
@@ -224,7 +225,8 @@ _FIGURES = [
     Figure("limitations-start-activation",
            P("on one training: {} against {} (Llama-style demo pair), {} against {}\n  (Llama-style on WikiText-2), {} "
              "against {} (Llama-style without grouped-query attention), {}\n  against {} (GPT-NeoX, the whole head "
-             "rotary) and {} against {} (half of each head); on the second\n  Llama-style pair it left {} against {}"),
+             "rotary), {} against {} (half of each head) and {}\n  against {} (GPT-2 demo pair); it left {} against {} "
+             "on the second Llama-style pair and {}\n  against {} on the GPT-NeoX pair on WikiText-2"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
            command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
     Figure("limitations-start-validation", P("the second Llama-style\n  pair's start stood at {} against weight "
