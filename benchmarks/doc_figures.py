@@ -223,12 +223,15 @@ _FIGURES = [
                  _dual("gpt2-wiki-char-demo" + UNIFORM), *_epochs("llama-wiki-char-demo")),
            command="benchmarks/default_dual.py NAME --lam-sampling uniform [--epochs 4 --extend 2]", page=LIMITATIONS),
     Figure("limitations-start-activation",
-           P("on one training: {} against {} (Llama-style demo pair), {} against {}\n  (Llama-style on WikiText-2), {} "
+           P("one training: {} against {} (Llama-style demo pair), {} against {}\n  (Llama-style on WikiText-2), {} "
              "against {} (Llama-style without grouped-query attention), {}\n  against {} (GPT-NeoX, the whole head "
              "rotary), {} against {} (half of each head) and {}\n  against {} (GPT-2 demo pair); it left {} against {} "
              "on the second Llama-style pair and {}\n  against {} on the GPT-NeoX pair on WikiText-2"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
            command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
+    Figure("limitations-start-vit", P("and {} as the default's {} on the MNIST ViT pair"), "benchmark",
+           refs=(_dual("vit-demo-startactivation"), _dual("vit-demo")),
+           command="benchmarks/default_dual.py vit-demo [--start activation]", page=LIMITATIONS),
     Figure("limitations-start-validation", P("the second Llama-style\n  pair's start stood at {} against weight "
                                              "matching's {}"), "benchmark",
            refs=tuple(Ref("default_dual", key, key, "validation barrier: start -> best") for key in
