@@ -106,7 +106,8 @@ STARTS = tuple((f"{p}-startactivation", default) for p, default in (
     ("llama-char-demo", "llama-char-demo-retrained"), ("llama-wiki-char-demo", "llama-wiki-char-demo"),
     ("llama-mha-char-demo", "llama-mha-char-demo"), ("neox-rot100-char-demo", "neox-rot100-char-demo"),
     ("neox-rot50-char-demo", "neox-rot50-char-demo"), ("gpt2-char-demo", "gpt2-char-demo"),
-    ("llama-char-demo-seeds23", "llama-char-demo-seeds23"), ("neox-wiki-char-demo", "neox-wiki-char-demo")))
+    ("llama-char-demo-seeds23", "llama-char-demo-seeds23"), ("neox-wiki-char-demo", "neox-wiki-char-demo"),
+    ("neox-char-demo", "neox-char-demo-retrained")))
 
 MODELS = ("vit", "gpt2", "llama")
 VIT01, LLAMA01 = "ViTs on MNIST, seeds 0 and 1", "Llama-style, characters, seeds 0 and 1"
@@ -226,7 +227,8 @@ _FIGURES = [
            P("one training: {} against {} (Llama-style demo pair), {} against {}\n  (Llama-style on WikiText-2), {} "
              "against {} (Llama-style without grouped-query attention), {}\n  against {} (GPT-NeoX, the whole head "
              "rotary), {} against {} (half of each head) and {}\n  against {} (GPT-2 demo pair); it left {} against {} "
-             "on the second Llama-style pair and {}\n  against {} on the GPT-NeoX pair on WikiText-2"),
+             "on the second Llama-style pair and {}\n  against {} on the GPT-NeoX pair on WikiText-2, {} against {} on the "
+             "GPT-NeoX demo pair"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
            command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
     Figure("limitations-start-vit", P("and {} as the default's {} on the MNIST ViT pair"), "benchmark",
