@@ -124,6 +124,9 @@ _FIGURES = [
     Figure("limitations-many-epochs8", P("Eight epochs on the same four Llama-style models left {}."), "benchmark",
            refs=(Ref("default_many", "llama-many-epochs8-retrained", "4 llama", "default dual excess / simplex (ratio)",
                      k=2),), command=DEFAULT_MANY + " llama --part many --epochs 8", page=LIMITATIONS),
+    Figure("limitations-many-start", P("Learning from their activation merge (`merge --start activation`) left {}."), "benchmark",
+           refs=(Ref("default_many", "llama-many-startactivation", "4 llama", "default dual excess / simplex (ratio)",
+                     k=2),), command=DEFAULT_MANY + " llama --part many --start activation", page=LIMITATIONS),
     Figure("limitations-width-weight", P("alone leaves {} of the bare expansion's barrier on the ViT width pair ({} on "
                                          "GPT-2's, {} on Llama's; {} on a retraining of the ViT pair;"), "benchmark",
            refs=tuple(_width(m, "weight (ratio)", uniform=True) for m in MODELS) + (_width("vit", "weight (ratio)"),),
