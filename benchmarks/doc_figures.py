@@ -234,9 +234,11 @@ _FIGURES = [
              "GPT-NeoX demo pair"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
            command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
-    Figure("limitations-start-vit", P("and {} as the default's {} on the MNIST ViT pair"), "benchmark",
-           refs=(_dual("vit-demo-startactivation"), _dual("vit-demo")),
-           command="benchmarks/default_dual.py vit-demo [--start activation]", page=LIMITATIONS),
+    Figure("limitations-start-vit", P("and {} and {} as the default's {} and {} on the MNIST and\n  Fashion-MNIST ViT "
+                                      "pairs"), "benchmark",
+           refs=(_dual("vit-demo-startactivation"), _dual("vit-fashion-demo-startactivation"), _dual("vit-demo"),
+                 _dual("vit-fashion-demo")),
+           command="benchmarks/default_dual.py vit-demo vit-fashion-demo [--start activation]", page=LIMITATIONS),
     Figure("limitations-start-validation", P("the second Llama-style\n  pair's start stood at {} against weight "
                                              "matching's {}"), "benchmark",
            refs=tuple(Ref("default_dual", key, key, "validation barrier: start -> best") for key in
