@@ -8,6 +8,7 @@ from factories import lm_batches, make_model
 from symmerge.errors import SymmergeError
 from symmerge.match import registry
 from symmerge.match.learn_report import time_line
+from symmerge.match.options import STARTS
 
 
 def _data() -> registry.Data:
@@ -31,7 +32,7 @@ def test_no_step_returns_the_named_starts_element(pair, method):
     a, b = pair
     families, data = b.spec.default_families(), _data()
     found = {}
-    for start in registry.MATCHERS[method].options.__dataclass_fields__["start"].metadata["choices"]:
+    for start in STARTS:
         expected = registry.align(start, a, b, families, data, {})
         got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start": start},
                              device="cpu", dtype="float32")  # as `symmerge align` passes them; a start that casts gets the device
@@ -59,7 +60,7 @@ def test_many_models_start_from_the_named_many_matcher(method, tmp_path):
     families, data, w = models[0].spec.default_families(), _data(), [0.5, 0.3, 0.2]
     quick = {"recipe": "quick", "max_rounds": 2, "max_iters": 5, "steps": 0, "val_simplex_points": 2}
     found = {}
-    for start in ("weight", "activation"):
+    for start in STARTS:
         expected = registry.align_many(start, models, w, families, data, quick)
         got = registry.align_many(method, models, w, families, data, {**quick, "start": start})
         assert got.figures["start"]["method"] == start and got.figures["time"]["start_s"] >= 0

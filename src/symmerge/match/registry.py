@@ -248,10 +248,10 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
     opts = options_for(name, opts)
     if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
         raise SymmergeError(f"{m.label} needs data (--data): training{' and validation' if m.validates else ''} batches")
-    if m.start_of(opts) and start is None:
-        first = get(m.start_of(opts))
-        on = {"device": runtime["device"]} if first.casts and "device" in runtime else {}
-        start = align(first.name, a, b, families, data, opts, progress=runtime.get("progress", False), **on)
+    first = m.start_of(opts)
+    if first and start is None:
+        on = {"device": runtime["device"]} if get(first).casts and "device" in runtime else {}
+        start = align(first, a, b, families, data, opts, progress=runtime.get("progress", False), **on)
     return m.run(a, b, families, data, opts, start, **runtime)
 
 
@@ -279,7 +279,7 @@ def align_many(name: str, sources: list, weights: list[float], families: list[st
     if m.needs_data and (data is None or not data.train or (m.validates and not data.val)):
         raise SymmergeError(f"merge --method {name} needs data (--data): training"
                             f"{' and validation' if m.validates else ''} batches")
-    if m.start_of(opts) and start is None:
-        start = align_many(m.start_of(opts), sources, weights, families, data, opts,
-                           progress=runtime.get("progress", False))
+    first = m.start_of(opts)
+    if first and start is None:
+        start = align_many(first, sources, weights, families, data, opts, progress=runtime.get("progress", False))
     return m.many(sources, weights, families, data, opts, start=start, **runtime)
