@@ -101,7 +101,7 @@ def _spread(row: str, column: str, table: int = 0) -> Ref:
     return Ref("width_weight_spread", "into mnist-vit-wide-seed1", row, column, table=table)
 
 
-#: the records of `default_dual.py NAME --start activation` and of the default start on the same trained pair
+#: the records of `default_dual.py NAME --start-from activation` and of the default start on the same trained pair
 STARTS = tuple((f"{p}-startactivation", default) for p, default in (
     ("llama-char-demo", "llama-char-demo-retrained"), ("llama-wiki-char-demo", "llama-wiki-char-demo"),
     ("llama-mha-char-demo", "llama-mha-char-demo"), ("neox-rot100-char-demo", "neox-rot100-char-demo"),
@@ -124,9 +124,9 @@ _FIGURES = [
     Figure("limitations-many-epochs8", P("Eight epochs on the same four Llama-style models left {}."), "benchmark",
            refs=(Ref("default_many", "llama-many-epochs8-retrained", "4 llama", "default dual excess / simplex (ratio)",
                      k=2),), command=DEFAULT_MANY + " llama --part many --epochs 8", page=LIMITATIONS),
-    Figure("limitations-many-start", P("Learning from their activation merge (`merge --start activation`) left {}."), "benchmark",
+    Figure("limitations-many-start", P("Learning from their activation merge (`merge --start-from activation`) left {}."), "benchmark",
            refs=(Ref("default_many", "llama-many-startactivation", "4 llama", "default dual excess / simplex (ratio)",
-                     k=2),), command=DEFAULT_MANY + " llama --part many --start activation", page=LIMITATIONS),
+                     k=2),), command=DEFAULT_MANY + " llama --part many --start-from activation", page=LIMITATIONS),
     Figure("limitations-width-weight", P("alone leaves {} of the bare expansion's barrier on the ViT width pair ({} on "
                                          "GPT-2's, {} on Llama's; {} on a retraining of the ViT pair;"), "benchmark",
            refs=tuple(_width(m, "weight (ratio)", uniform=True) for m in MODELS) + (_width("vit", "weight (ratio)"),),
@@ -233,17 +233,17 @@ _FIGURES = [
              "on the second Llama-style pair and {}\n  against {} on the GPT-NeoX pair on WikiText-2, {} against {} on the "
              "GPT-NeoX demo pair"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
-           command="benchmarks/default_dual.py NAME [--start activation]", page=LIMITATIONS),
+           command="benchmarks/default_dual.py NAME [--start-from activation]", page=LIMITATIONS),
     Figure("limitations-start-vit", P("and {} and {} as the default's {} and {} on the MNIST and\n  Fashion-MNIST ViT "
                                       "pairs"), "benchmark",
            refs=(_dual("vit-demo-startactivation"), _dual("vit-fashion-demo-startactivation"), _dual("vit-demo"),
                  _dual("vit-fashion-demo")),
-           command="benchmarks/default_dual.py vit-demo vit-fashion-demo [--start activation]", page=LIMITATIONS),
+           command="benchmarks/default_dual.py vit-demo vit-fashion-demo [--start-from activation]", page=LIMITATIONS),
     Figure("limitations-start-validation", P("the second Llama-style\n  pair's start stood at {} against weight "
                                              "matching's {}"), "benchmark",
            refs=tuple(Ref("default_dual", key, key, "validation barrier: start -> best") for key in
                       ("llama-char-demo-seeds23-startactivation", "llama-char-demo-seeds23")),
-           command="benchmarks/default_dual.py llama-char-demo --seeds 2,3 [--start activation]", page=LIMITATIONS),
+           command="benchmarks/default_dual.py llama-char-demo --seeds 2,3 [--start-from activation]", page=LIMITATIONS),
     Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
                                   "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
            "benchmark", refs=tuple(_dual(f"{p}-char-demo{u}") for u in (E8, UNIFORM) for p in ("neox", "llama", "gpt2")),

@@ -34,7 +34,7 @@ def test_no_step_returns_the_named_starts_element(pair, method):
     found = {}
     for start in STARTS:
         expected = registry.align(start, a, b, families, data, {})
-        got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start": start},
+        got = registry.align(method, a, b, families, data, {"recipe": "quick", "steps": 0, "start_from": start},
                              device="cpu", dtype="float32")  # as `symmerge align` passes them; a start that casts gets the device
         assert got.start.method == start and _same(got.elements["B"], expected.elements["B"])
         assert got.figures["time"]["start_s"] == round(got.start.figures["seconds"], 3)  # where the time went
@@ -62,7 +62,7 @@ def test_many_models_start_from_the_named_many_matcher(method, tmp_path):
     found = {}
     for start in STARTS:
         expected = registry.align_many(start, models, w, families, data, quick)
-        got = registry.align_many(method, models, w, families, data, {**quick, "start": start})
+        got = registry.align_many(method, models, w, families, data, {**quick, "start_from": start})
         assert got.figures["start"]["method"] == start and got.figures["time"]["start_s"] >= 0
         assert all(_same(g, e) for g, e in zip(got.elements, expected.elements))
         found[start] = got.elements
@@ -71,17 +71,17 @@ def test_many_models_start_from_the_named_many_matcher(method, tmp_path):
 
 def test_an_unknown_start_is_refused():
     with pytest.raises(SymmergeError, match="choose from weight, activation"):
-        registry.options("dual", {"start": "learned"})
+        registry.options("dual", {"start_from": "learned"})
 
 
 @pytest.mark.parametrize("command", ["align", "merge"])
 def test_align_and_merge_take_the_start(command):
-    """`--start` is a flag of both commands, and reaches the options they run with (none given: weight matching)."""
+    """`--start-from` is a flag of both commands, and reaches the options they run with (none given: weight matching)."""
     from symmerge.cli import build_parser
     from symmerge.commands.option_flags import options_of
 
     head = [command, "a", "b"] if command == "align" else [command, "a", "b", "c"]
-    given = build_parser().parse_args([*head, "-o", "o", "--method", "dual", "--data", "d", "--start", "activation"])
+    given = build_parser().parse_args([*head, "-o", "o", "--method", "dual", "--data", "d", "--start-from", "activation"])
     plain = build_parser().parse_args([*head, "-o", "o", "--method", "dual", "--data", "d"])
-    assert options_of(given, "dual").resolved()["start"] == "activation"
-    assert options_of(plain, "dual").resolved()["start"] == "weight"
+    assert options_of(given, "dual").resolved()["start_from"] == "activation"
+    assert options_of(plain, "dual").resolved()["start_from"] == "weight"

@@ -16,7 +16,7 @@ from .transform import parse_groups
 
 #: the learned / dual options `merge` takes (λ ranges and grids are the pairwise path's: not used here), and
 #: the many-model options only learned / dual read
-LEARN_OPTIONS = ("start", "recipe", "param", "steps", "epochs", "lr", "seed", "eval_every", "extend", "val_batches", "val_data",
+LEARN_OPTIONS = ("start_from", "recipe", "param", "steps", "epochs", "lr", "seed", "eval_every", "extend", "val_batches", "val_data",
                  "recompute")
 MANY_LEARN_OPTIONS = ("val_simplex_points",)
 MANY = [f.name for f in fields(ManyOptions)]

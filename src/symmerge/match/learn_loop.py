@@ -126,7 +126,7 @@ class Run:
         for k, v in self.learner.start_tensors().items():
             if not torch.equal(tensors[f"init.{k}"], v):
                 raise SymmergeError(f"the checkpoint in {self.ckpt} started from a different initial element; "
-                                    "resume with the same --start or start a new run")
+                                    "resume with the same --start-from or start a new run")
         with torch.no_grad():
             for k, t in self.learner.trainables().items():
                 t.copy_(tensors[f"param.{k}"])

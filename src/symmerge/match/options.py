@@ -43,7 +43,8 @@ from .many import ROUND_TOL
 from .weight import weight_match
 from .weight_products import CHOICES
 
-#: the matchers learned and dual matching can start from (`start`): the element they find is the learner's start
+#: the matchers learned and dual matching can start from (`start_from`, flag `--start-from`): the element they find
+#: is the learner's start
 STARTS = ("weight", "activation")
 
 #: the recipe of learned / dual matching where none is named, for a pair (`align`) and for many models (`merge`)
@@ -184,12 +185,12 @@ class ActivationOptions(Options):
 @dataclass(frozen=True)
 class LearnedOptions(WeightOptions):
     """Learned matching (`match.learned`): B's element learned on the loss along the path, from the solution
-    of weight matching (whose options come first) or, with `start`, of activation matching (with its default
+    of weight matching (whose options come first) or, with `start_from`, of activation matching (with its default
     options besides the precision; its batches are the learner's training batches)."""
 
     METHOD: ClassVar[str] = "learned"
-    start: str = option(STARTS[0], "the element learning starts from: weight matching's or activation matching's "
-                        "(on --data)", choices=STARTS)
+    start_from: str = option(STARTS[0], "the element learning starts from: weight matching's or activation "
+                             "matching's (on --data)", choices=STARTS)
     batch_size: int | None = option(None, *_BATCH_SIZE, recipe="batch_size")
     max_batches: int | None = option(None, *_MAX_BATCHES, recipe="max_batches")
     recipe: str | None = option(None, "the settings every learned/dual option starts from: full (epochs, --lr auto) "

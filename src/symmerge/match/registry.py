@@ -9,7 +9,7 @@ A matcher is registered with
   these resolved options, it reads as many validation batches as training ones, when given (`Data.val`, on
   which activation matching's `--blocks best` chooses its element; the training batches when there are none);
 - `starts_from`: the matcher whose solution it starts from, run first over the same groups: the default of
-  its options' `start` field, which can name another (learned and dual start from weight matching, or from
+  its options' `start_from` field, which can name another (learned and dual start from weight matching, or from
   activation matching: its element is their `init`). A start that `casts` runs its forward on the runtime
   `device` (in its --precision); weight matching's products stay on the CPU;
 - `options`: its options class (a subclass of the start's where it has one, so that it holds the
@@ -91,13 +91,13 @@ class Matcher:
 
     @property
     def starts_from(self) -> str | None:
-        """The matcher it starts from where its options name none: their `start` field's default (None: none)."""
-        f = next((f for f in fields(self.options) if f.name == "start"), None)
+        """The matcher it starts from where its options name none: their `start_from` field's default (None: none)."""
+        f = next((f for f in fields(self.options) if f.name == "start_from"), None)
         return None if f is None else f.default
 
     def start_of(self, opts: dict) -> str | None:
         """The matcher it starts from with resolved options `opts`."""
-        return (opts.get("start") or self.starts_from) if self.starts_from else None
+        return (opts.get("start_from") or self.starts_from) if self.starts_from else None
 
 
 def _from_match(method: str, res, start=None) -> Alignment:
