@@ -8,7 +8,8 @@ exists is not run again (its report is read) and an interrupted dual run is cont
 so an interrupted benchmark goes on where it stopped. Each command runs in a fresh process at one thread.
 `--epochs E` and `--extend X` run the same command with that length (a length given fixes it unless
 `--extend` is given too), recorded as NAME-epochsE[-extendX]; `--lam-sampling S` with that λ sampling, recorded
-as NAME-lam-samplingS; `--start-from M` learning from matcher M's element, recorded as NAME-startM.
+as NAME-lam-samplingS; `--start-from M` learning from matcher M's element, recorded as NAME-startM;
+`--learn-seed S` with the learner's seed S (its batch order and λ draws), recorded as NAME-seedS.
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
@@ -59,29 +60,30 @@ def symmerge(argv: list[str], out: Path, commands: list[str], learns: Path | Non
 class Variant:
     """The flags a benchmark run adds to the default `align --method dual` / `merge --method dual`: the length
     (`--epochs`, `--extend`), the λ sampling (`--lam-sampling`), what the backward recomputes (`--recompute`: the
-    same result, another time) and the matcher learning starts from (`--start-from`, labelled `start`); none given
-    is the default recipe (`Variant()`)."""
+    same result, another time), the matcher learning starts from (`--start-from`, labelled `start`) and the
+    learner's seed (`--seed`: its batch order and λ draws); none given is the default recipe (`Variant()`)."""
 
     epochs: float | None = None
     extend: float | None = None
     lam_sampling: str | None = None
     recompute: str | None = None
     start: str | None = None
+    seed: int | None = None
 
     def _given(self) -> list[tuple[str, str, str]]:
         """(label word, flag, value) of each flag given."""
         values = (("epochs", "epochs", self.epochs), ("extend", "extend", self.extend),
                   ("lam-sampling", "lam-sampling", self.lam_sampling), ("recompute", "recompute", self.recompute),
-                  ("start", "start-from", self.start))
+                  ("start", "start-from", self.start), ("seed", "seed", self.seed))
         return [(k, f, v if isinstance(v, str) else f"{v:g}") for k, f, v in values if v is not None]
 
     def flags(self) -> list[str]:
-        """The run's flags: `--epochs E`, `--extend X`, `--lam-sampling S`, `--recompute R` and `--start-from M`
-        where given."""
+        """The run's flags: `--epochs E`, `--extend X`, `--lam-sampling S`, `--recompute R`, `--start-from M` and
+        `--seed S` where given."""
         return [x for _, f, v in self._given() for x in (f"--{f}", v)]
 
     def suffix(self) -> str:
-        """The label's ending: `-epochsE-extendX-lam-samplingS-recomputeR-startM` for what is given, nothing for the
+        """The label's ending: `-epochsE-extendX-lam-samplingS-recomputeR-startM-seedS` for what is given, nothing for the
         default."""
         return "".join(f"-{k}{v}" for k, _, v in self._given())
 
@@ -95,7 +97,7 @@ DEFAULT = Variant()
 
 
 def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
-    """`--epochs`, `--extend`, `--lam-sampling`, `--recompute` and `--start-from` for the dual runs of a benchmark whose
+    """`--epochs`, `--extend`, `--lam-sampling`, `--recompute`, `--start-from` and `--learn-seed` for the dual runs of a benchmark whose
     records are labelled `what`."""
     ap.add_argument("--epochs", type=float, default=None, help=f"the dual runs' --epochs instead of the default "
                     f"recipe's (records {what}-epochsE)")
@@ -103,11 +105,13 @@ def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
     ap.add_argument("--lam-sampling", default=None, help="the dual runs' --lam-sampling (records ...-lam-samplingS)")
     ap.add_argument("--recompute", default=None, help="the dual runs' --recompute (records ...-recomputeR)")
     ap.add_argument("--start-from", default=None, help="the dual runs' --start-from (records ...-startM)")
+    ap.add_argument("--learn-seed", type=int, default=None, help="the dual runs' --seed, the learner's batch order "
+                    "and λ draws (records ...-seedS; --seeds are the pair's training seeds)")
 
 
 def parse_variant(args: argparse.Namespace) -> Variant:
     """The `Variant` of a benchmark's parsed `add_variant` flags."""
-    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute, args.start_from)
+    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute, args.start_from, args.learn_seed)
 
 
 def test_args(vision: bool) -> list[str]:

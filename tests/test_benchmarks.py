@@ -195,6 +195,11 @@ def test_the_default_benchmarks_label_runs_of_other_lengths_apart():
     assert Variant(lam_sampling="peak").suffix() == "-lam-samplingpeak"
     assert Variant(4.0, recompute="block").suffix() == "-epochs4-recomputeblock"
     assert Variant(recompute="block").flags() == ["--recompute", "block"]
+    # the label word and the flag differ where a flag's name is not the label's
+    assert Variant(start="activation").flags() == ["--start-from", "activation"]
+    assert Variant(start="activation").suffix() == "-startactivation"
+    assert Variant(seed=1).flags() == ["--seed", "1"] and Variant(seed=1).suffix() == "-seed1"
+    assert default_dual.pair_label("p", (2, 3), Variant(seed=1)) == "p-seeds23-seed1"
     assert default_dual.pair_label("p", (0, 1), Variant(4.0, 2.0)) == "p-epochs4-extend2"
     assert default_dual.pair_label("p", (2, 3)) == "p-seeds23"
 
