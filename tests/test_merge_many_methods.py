@@ -215,6 +215,21 @@ def test_activation_objective_never_decreases_and_is_the_average_loss(tmp_path):
     assert abs(average_loss(models, res.elements, [0.3, 0.3, 0.4], batches) - loss) > 1e-4
 
 
+def test_activation_objective_reads_the_held_out_batches_where_given(tmp_path):
+    """With held-out batches (those `--blocks best` chooses on), the objective is the average's loss on them, not
+    on the batches the activations are taken on (a learner's start can give every window of the split there)."""
+    models = [load_model(save_model(make_model("gpt2", s), tmp_path / f"m{s}")) for s in range(3)]
+    batches = own_labels(models[0], raw_batches("gpt2", 2, 0))
+    held = own_labels(models[0], raw_batches("gpt2", 2, 5))
+    w = [0.4, 0.3, 0.3]
+    res = activation_match_many(models, w, batches, models[0].spec.default_families(), max_rounds=2, seed=1,
+                                held_out=held)
+    h = res.history
+    assert all(b >= a for a, b in zip(h, h[1:])), h
+    assert -h[-1] == pytest.approx(average_loss(models, res.elements, w, held), abs=1e-9)
+    assert abs(-h[-1] - average_loss(models, res.elements, w, batches)) > 1e-4  # the control: the training batches
+
+
 def test_cli_merge_by_every_data_method(planted, tmp_path, monkeypatch):
     """`merge --method activation|learned|dual --data`: OUT computes A's function (learned/dual with
     --steps 0), DIR/i its input's; the report says the gauge."""

@@ -2,8 +2,10 @@
 
 The schedule is `many.rounds`'s: model i is matched (`activation_stream.activation_match_streaming`, from
 scratch, one block of each side at a time) to the leave-one-out mean of the others, whose activations come
-from running it; the objective is minus the stock HF loss of the weighted average on the batches the
-activations are taken on (higher is better, never decreasing).
+from running it; the objective is minus the stock HF loss of the weighted average (higher is better, never
+decreasing) on the held-out batches where there are some (those `--blocks best` chooses on: the matches never
+fit them, and they are as many as the choice reads, where the training batches of a learner's start can be
+every window of the split), else on the batches the activations are taken on.
 
 Every model is read in its own precision and computed on in float64, as a model read whole into memory at
 that precision is (`parts.Served`, the cast `parts.InMemoryParts` makes). Each mean (the target of a match, the
@@ -72,7 +74,8 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
     objective's) run and their working precision (default: the CPU, float64); the statistics are summed in
     float64. `on_disk`: where each mean is kept (None: on disk when some model streams from its checkpoint).
     `blocks`: how each match's per-block groups are finished (`activation_blocks.BLOCKS`; "best" by the loss of
-    the weighted average with the candidate in model i's place, on `held_out` batches, else on `batches`)."""
+    the weighted average with the candidate in model i's place). Both that choice and the objective read the
+    `held_out` batches, else `batches`."""
     from .activation_stream import activation_match_streaming
 
     spec = models[0].spec.restricted(families)
@@ -86,14 +89,14 @@ def activation_match_many(models: list, weights: list[float], batches: list[dict
             target = Served(sources[0], mean)
             res = activation_match_streaming(target, sources[i], batches, families, device=device, forward=dtype)
             res = per_block(target, sources[i], families, res, blocks,
-                            lambda g: -value([g if j == i else e for j, e in enumerate(elements)], choose_on))
+                            lambda g: -value([g if j == i else e for j, e in enumerate(elements)]))
         return Step(res.g, time.perf_counter() - t0)
 
     choose_on = held_out or batches
 
-    def value(elements, on=batches):
+    def value(elements):
         with _mean(sources, elements, weights, list(range(len(models))), on_disk) as mean:
-            return -forward.mean_loss(mean, on)
+            return -forward.mean_loss(mean, choose_on)
 
     identity = {name: G.identity(grp) for name, grp in spec.groups.items()}
     return rounds(len(models), value, match, identity, max_rounds, seed, tol, progress, "activation merge rounds")

@@ -182,7 +182,8 @@ def _run_activation_many(sources, weights, families, data, opts, start=None, pro
     res = activation_match_many(list(sources), weights, data.train, families, opts["max_rounds"],
                                 opts["order_seed"], opts["round_tol"], progress=progress, device=device, dtype=dtype,
                                 blocks=opts["blocks"], held_out=data.val or None)
-    figures = _many_figures(res, "minus the loss of the weighted average on the --data batches (higher is better)")
+    on = "held-out (validation) batches" if data.val else "--data batches"
+    figures = _many_figures(res, f"minus the loss of the weighted average on the {on} (higher is better)")
     figures["average_loss"] = [-v for v in res.history]
     figures["device"], figures["dtype"] = str(device or "cpu"), str(dtype or torch.float64).replace("torch.", "")
     return ManyAlignment("activation", res.elements, figures)
