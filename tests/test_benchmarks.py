@@ -227,3 +227,14 @@ def test_pairs_training_lock_lets_one_process_train_a_model(tmp_path):
     assert second[0] >= first[1], f"both held the lock at once: {first}, {second}"
     first, second = _spans(tmp_path, "contextlib.nullcontext()")
     assert second[0] < first[1], f"the control did not overlap: {first}, {second}"
+
+
+def test_barrier_by_token_classes_cut_at_the_shares_of_training_tokens():
+    """Ids ranked by count: a class holds the tokens whose share covered before them lies below its bound."""
+    import torch
+    from barrier_by_token import token_classes
+
+    counts = torch.tensor([9, 50, 1, 30, 10, 0])  # by count: ids 1, 3, 4, 0, 2, 5; covered before: 0, .5, .8, .9, .99, 1
+    assert token_classes(counts).tolist() == [1, 0, 2, 0, 0, 2]
+    # the control: another ranking moves the classes
+    assert token_classes(torch.tensor([50, 9, 1, 30, 10, 0])).tolist() != [1, 0, 2, 0, 0, 2]
