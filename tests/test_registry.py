@@ -182,3 +182,15 @@ def test_config_without_architectures_of_a_refused_class_says_why():
     config.architectures = None
     with pytest.raises(SymmergeError, match="not supported"):
         adapter_for(config)
+
+
+def test_phi_with_a_qk_layernorm_is_refused_with_what_is_supported():
+    """A LayerNorm over each head's q and k (Phi's `qk_layernorm`) leaves no QK map but the identity and needs its
+    own canonical tensors: refused, naming the setting that is supported; the factory's Phi (False) is read."""
+    from factories import make_config
+
+    config = make_config("phi")
+    assert adapter_for(config).shape(config).arch == "phi"  # the control: the same config without it
+    config.qk_layernorm = True
+    with pytest.raises(SymmergeError, match="qk_layernorm=True .* qk_layernorm=False"):
+        adapter_for(config).shape(config)

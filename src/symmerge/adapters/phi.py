@@ -40,7 +40,8 @@ class PhiAdapter(Adapter):
         d, h = c.hidden_size, c.num_attention_heads
         kv = getattr(c, "num_key_value_heads", None) or h
         require(not getattr(c, "qk_layernorm", False), "qk_layernorm=True normalises q and k over each head's rotary "
-                "and pass-through dimensions together: not supported")
+                "and pass-through dimensions together: not supported (Phi is, with qk_layernorm=False as Phi-1, 1.5 "
+                "and 2 ship)")
         require(d % h == 0, f"hidden_size={d} is not divisible by num_attention_heads={h}")
         require(h % kv == 0, f"num_attention_heads={h} is not a multiple of num_key_value_heads={kv}")
         dh = d // h
