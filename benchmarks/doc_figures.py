@@ -269,6 +269,11 @@ _FIGURES = [
            refs=tuple(Ref("default_dual", key, key, "validation barrier: start -> best") for key in
                       ("llama-char-demo-seeds23-startactivation", "llama-char-demo-seeds23")),
            command="benchmarks/default_dual.py llama-char-demo --seeds 2,3 [--start-from activation]", page=LIMITATIONS),
+    Figure("limitations-start-seed",
+           P("spread: {} against {} on the Llama-style demo pair and {} against {} on the half-rotary\n  GPT-NeoX pair"),
+           "benchmark", refs=tuple(_dual(f"{p}{s}-seed1") for p in ("llama-char-demo", "neox-rot50-char-demo")
+                                   for s in ("-startactivation", "")),
+           command="benchmarks/default_dual.py NAME --learn-seed 1 [--start-from activation]", page=LIMITATIONS),
     Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
                                   "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
            "benchmark", refs=tuple(_dual(f"{p}-char-demo{u}") for u in (E8, UNIFORM) for p in ("neox", "llama", "gpt2")),
