@@ -26,34 +26,13 @@ import argparse
 
 import record
 import torch
+from midpoint_excess import excess
 
 from symmerge.data.batches import load_batches
-from symmerge.evaluation.forward import StockForward, interpolate
 from symmerge.store.model import load_model
 
 #: the window's positions as printed: the first (one key), the next seven, the rest
 SPANS = ((0, 1, "position 1"), (1, 8, "positions 2-8"), (8, None, "positions 9-"))
-
-
-def position_losses(forward: StockForward, params: dict, batches: list[dict]) -> torch.Tensor:
-    """Mean next-token loss at each position of the window over `batches` (float64, [T - 1])."""
-    total = None
-    count = 0
-    with torch.no_grad():
-        for batch in batches:
-            ids = batch["input_ids"]
-            logits = forward.forward(params, batch, labels=False).logits[:, :-1].double()
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").sum(0)
-            total = loss if total is None else total + loss
-            count += ids.shape[0]
-    return total / count
-
-
-def excess(a, b, batches: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the midpoint's loss minus the endpoints' mean, the endpoints' mean), per position ([T - 1] each)."""
-    forward = StockForward(a)
-    ends = (position_losses(forward, a.params, batches) + position_losses(forward, b.params, batches)) / 2
-    return position_losses(forward, interpolate(a.params, b.params, 0.5), batches) - ends, ends
 
 
 def main() -> None:
@@ -71,7 +50,7 @@ def main() -> None:
     batches = load_batches(args.models[0], args.data, "test", batch_size=args.batch_size, max_batches=args.batches)
     if "input_ids" not in batches[0]:
         raise SystemExit("barrier_by_position measures language models (batches of input_ids)")
-    (plain, ends), (aligned, _) = (excess(*(load_model(m) for m in pair), batches)
+    (plain, ends), (aligned, _) = (tuple(t.mean(0) for t in excess(*(load_model(m) for m in pair), batches))
                                    for pair in (args.models[:2], args.models[2:]))
     rows = [[name, f"{plain[lo:hi].mean():.4f}", f"{aligned[lo:hi].mean():.4f}",
              f"{aligned[lo:hi].mean() / plain[lo:hi].mean():.3f}", f"{ends[lo:hi].mean():.4f}"]

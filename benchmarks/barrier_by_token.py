@@ -25,9 +25,9 @@ import argparse
 
 import record
 import torch
+from midpoint_excess import excess
 
 from symmerge.data.batches import load_batches
-from symmerge.evaluation.forward import StockForward, interpolate
 from symmerge.store.model import load_model
 
 #: the classes' upper bounds on the cumulative share of training tokens, most common first
@@ -43,24 +43,6 @@ def token_classes(counts: torch.Tensor) -> torch.Tensor:
     bounds = torch.tensor([b for b, _ in CLASSES], dtype=torch.float64)
     cls[order] = torch.searchsorted(bounds, before, right=True).clamp(max=len(CLASSES) - 1)
     return cls
-
-
-def position_losses(forward: StockForward, params: dict, batches: list[dict]) -> torch.Tensor:
-    """Next-token loss of every predicted position of `batches` (float64, [N, T - 1] stacked)."""
-    out = []
-    with torch.no_grad():
-        for batch in batches:
-            ids = batch["input_ids"]
-            logits = forward.forward(params, batch, labels=False).logits[:, :-1].double()
-            out.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none"))
-    return torch.cat(out)
-
-
-def excess(a, b, batches: list[dict]) -> torch.Tensor:
-    """The midpoint's loss minus the endpoints' mean at every predicted position ([N, T - 1])."""
-    forward = StockForward(a)
-    ends = (position_losses(forward, a.params, batches) + position_losses(forward, b.params, batches)) / 2
-    return position_losses(forward, interpolate(a.params, b.params, 0.5), batches) - ends
 
 
 def main() -> None:
@@ -83,7 +65,7 @@ def main() -> None:
     for batch in load_batches(args.models[0], args.data, "train", batch_size=args.batch_size):
         counts += torch.bincount(batch["input_ids"].flatten(), minlength=vocab)
     cls = token_classes(counts)[torch.cat([b["input_ids"][:, :-1] for b in batches])]
-    plain, aligned = (excess(*(load_model(m) for m in pair), batches) for pair in (args.models[:2], args.models[2:]))
+    plain, aligned = (excess(*(load_model(m) for m in pair), batches)[0] for pair in (args.models[:2], args.models[2:]))
     rows = []
     for k, (_, name) in [*enumerate(CLASSES), (None, (None, "all"))]:
         at = torch.ones_like(cls, dtype=torch.bool) if k is None else cls == k

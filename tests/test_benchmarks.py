@@ -17,7 +17,7 @@ import record  # noqa: E402
 
 #: files of benchmarks/ that are tools, not benchmarks (no result of their own)
 TOOLS = {"record.py", "make_readme.py", "readme_figures.py", "doc_figures.py", "readme_runs.py", "figure_refs.py",
-         "reproduction_summary.py", "rebuild_times.py"}
+         "reproduction_summary.py", "rebuild_times.py", "midpoint_excess.py"}
 #: a machine path, or a diary: a date, a time of day, a session or helper
 DIARY = re.compile(r"/(?:work|tmp|root|home)/|\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?::\d\d)? UTC\b|\bsession\b|\bhelpers?\b",
                    re.I)
