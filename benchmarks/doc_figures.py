@@ -274,6 +274,11 @@ _FIGURES = [
            "benchmark", refs=tuple(_dual(f"{p}{s}-seed1") for p in ("llama-char-demo", "neox-rot50-char-demo")
                                    for s in ("-startactivation", "")),
            command="benchmarks/default_dual.py NAME --learn-seed 1 [--start-from activation]", page=LIMITATIONS),
+    Figure("limitations-start-seed-neox",
+           P("stayed so,\n  {} against {}, though the default's two seeds there differ more ({} and {})"), "benchmark",
+           refs=(_dual("neox-char-demo-startactivation-seed1"), _dual("neox-char-demo-seed1"),
+                 _dual("neox-char-demo-retrained"), _dual("neox-char-demo-seed1")),
+           command="benchmarks/default_dual.py neox-char-demo --learn-seed 1 [--start-from activation]", page=LIMITATIONS),
     Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
                                   "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
            "benchmark", refs=tuple(_dual(f"{p}-char-demo{u}") for u in (E8, UNIFORM) for p in ("neox", "llama", "gpt2")),
