@@ -275,10 +275,11 @@ _FIGURES = [
                                    for s in ("-startactivation", "")),
            command="benchmarks/default_dual.py NAME --learn-seed 1 [--start-from activation]", page=LIMITATIONS),
     Figure("limitations-start-seed-neox",
-           P("stayed so,\n  {} against {}, though the default's two seeds there differ more ({} and {})"), "benchmark",
-           refs=(_dual("neox-char-demo-startactivation-seed1"), _dual("neox-char-demo-seed1"),
+           P("stayed so at\n  seeds 1 and 2, {} and {} against {} and {}, though the default's seeds there spread "
+             "more\n  ({} to {})"), "benchmark",
+           refs=(*(_dual(f"neox-char-demo{s}-seed{k}") for s in ("-startactivation", "") for k in (1, 2)),
                  _dual("neox-char-demo-retrained"), _dual("neox-char-demo-seed1")),
-           command="benchmarks/default_dual.py neox-char-demo --learn-seed 1 [--start-from activation]", page=LIMITATIONS),
+           command="benchmarks/default_dual.py neox-char-demo --learn-seed S [--start-from activation]", page=LIMITATIONS),
     Figure("learned-dual-peak", P("they left {} of plain averaging's test barrier on the GPT-NeoX demo pair, {} on the "
                                   "Llama-style one and {} on the GPT-2 one, where uniform draws leave {}, {} and {}"),
            "benchmark", refs=tuple(_dual(f"{p}-char-demo{u}") for u in (E8, UNIFORM) for p in ("neox", "llama", "gpt2")),
