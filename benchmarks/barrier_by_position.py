@@ -22,47 +22,22 @@ described by it.
 
 from __future__ import annotations
 
-import argparse
-
-import record
-import torch
-from midpoint_excess import excess
-
-from symmerge.data.batches import load_batches
-from symmerge.store.model import load_model
+from midpoint_excess import pair_excesses, parse_args, report, test_batches
 
 #: the window's positions as printed: the first (one key), the next seven, the rest
 SPANS = ((0, 1, "position 1"), (1, 8, "positions 2-8"), (8, None, "positions 9-"))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("key", help="the record's name")
-    ap.add_argument("data")
-    ap.add_argument("models", nargs=4, metavar="MODEL", help="A B ALIGNED_A ALIGNED_B")
-    ap.add_argument("--batches", type=int, default=55, help="test batches (default_dual.py's barrier reads 55)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--note", default="", help="appended to the record's notes")
-    record.add_argument(ap, "barrier_by_position")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    batches = load_batches(args.models[0], args.data, "test", batch_size=args.batch_size, max_batches=args.batches)
-    if "input_ids" not in batches[0]:
-        raise SystemExit("barrier_by_position measures language models (batches of input_ids)")
-    (plain, ends), (aligned, _) = (tuple(t.mean(0) for t in excess(*(load_model(m) for m in pair), batches))
-                                   for pair in (args.models[:2], args.models[2:]))
+    args = parse_args("barrier_by_position", __doc__.splitlines()[0])
+    batches = test_batches(args, "barrier_by_position")
+    (plain, ends), (aligned, _) = (tuple(t.mean(0) for t in pair) for pair in pair_excesses(args, batches))
     rows = [[name, f"{plain[lo:hi].mean():.4f}", f"{aligned[lo:hi].mean():.4f}",
              f"{aligned[lo:hi].mean() / plain[lo:hi].mean():.3f}", f"{ends[lo:hi].mean():.4f}"]
             for lo, hi, name in (*SPANS, (0, None, "all"))]
     columns = ["positions", "plain excess", "aligned excess", "aligned / plain", "endpoints' mean loss"]
-    print("| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    notes = (f"nats per token on the test split ({len(batches)} batches of {args.batch_size} windows of "
-             f"{batches[0]['input_ids'].shape[1]} tokens); excess: a midpoint's mean loss minus the mean of its endpoints'")
-    record.save(args.results, "barrier_by_position", args.key, f"{args.key}: the midpoint's excess by position",
-                [record.table(args.key, columns, rows)], notes + (f"; {args.note}" if args.note else ""))
+    report(args, "barrier_by_position", "the midpoint's excess by position", columns, rows, batches,
+           "excess: a midpoint's mean loss minus the mean of its endpoints'")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ are part of what alignment leaves. It measures the midpoint only.
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
 
-import record
 import torch
-from midpoint_excess import excess
+from midpoint_excess import pair_excesses, parse_args, report, test_batches
 
 from symmerge.data.batches import load_batches
-from symmerge.store.model import load_model
+from symmerge.store.io import load_config
 
 #: the classes' upper bounds on the cumulative share of training tokens, most common first
 CLASSES = ((0.90, "tokens covering 90% of training"), (0.99, "the next 9%"), (1.0, "the rarest 1%"))
@@ -46,26 +45,14 @@ def token_classes(counts: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("key", help="the record's name")
-    ap.add_argument("data")
-    ap.add_argument("models", nargs=4, metavar="MODEL", help="A B ALIGNED_A ALIGNED_B")
-    ap.add_argument("--batches", type=int, default=55, help="test batches (default_dual.py's barrier reads 55)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--note", default="", help="appended to the record's notes")
-    record.add_argument(ap, "barrier_by_token")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    batches = load_batches(args.models[0], args.data, "test", batch_size=args.batch_size, max_batches=args.batches)
-    if "input_ids" not in batches[0]:
-        raise SystemExit("barrier_by_token measures language models (batches of input_ids)")
-    vocab = load_model(args.models[0]).shape.vocab
+    args = parse_args("barrier_by_token", __doc__.splitlines()[0])
+    batches = test_batches(args, "barrier_by_token")
+    vocab = int(load_config(Path(args.models[0])).vocab_size)
     counts = torch.zeros(vocab, dtype=torch.int64)
     for batch in load_batches(args.models[0], args.data, "train", batch_size=args.batch_size):
         counts += torch.bincount(batch["input_ids"].flatten(), minlength=vocab)
     cls = token_classes(counts)[torch.cat([b["input_ids"][:, :-1] for b in batches])]
-    plain, aligned = (excess(*(load_model(m) for m in pair), batches)[0] for pair in (args.models[:2], args.models[2:]))
+    plain, aligned = (pair[0] for pair in pair_excesses(args, batches))
     rows = []
     for k, (_, name) in [*enumerate(CLASSES), (None, (None, "all"))]:
         at = torch.ones_like(cls, dtype=torch.bool) if k is None else cls == k
@@ -74,15 +61,9 @@ def main() -> None:
                      f"{aligned[at].sum() / aligned.sum():.3f}"])
     columns = ["input token", "share of positions", "plain excess", "aligned excess", "aligned / plain",
                "share of the aligned excess"]
-    print("| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    notes = (f"nats per token on the test split ({len(batches)} batches of {args.batch_size} windows of "
-             f"{batches[0]['input_ids'].shape[1]} tokens); classes by the input token's count in the training split "
-             f"({int((counts > 0).sum())} of {vocab} ids occur there); excess: a midpoint's loss minus the mean of "
-             "its endpoints'")
-    record.save(args.results, "barrier_by_token", args.key, f"{args.key}: the midpoint's excess by input token",
-                [record.table(args.key, columns, rows)], notes + (f"; {args.note}" if args.note else ""))
+    report(args, "barrier_by_token", "the midpoint's excess by input token", columns, rows, batches,
+           f"classes by the input token's count in the training split ({int((counts > 0).sum())} of {vocab} ids "
+           "occur there); excess: a midpoint's loss minus the mean of its endpoints'")
 
 
 if __name__ == "__main__":
