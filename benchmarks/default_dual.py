@@ -61,7 +61,8 @@ class Variant:
     """The flags a benchmark run adds to the default `align --method dual` / `merge --method dual`: the length
     (`--epochs`, `--extend`), the λ sampling (`--lam-sampling`), what the backward recomputes (`--recompute`: the
     same result, another time), the matcher learning starts from (`--start-from`, labelled `start`) and the
-    learner's seed (`--seed`: its batch order and λ draws); none given is the default recipe (`Variant()`)."""
+    learner's seed (`--seed`: its batch order and λ draws) and the families' rate factors (`--lr-scale`); none given
+    is the default recipe (`Variant()`)."""
 
     epochs: float | None = None
     extend: float | None = None
@@ -69,12 +70,14 @@ class Variant:
     recompute: str | None = None
     start: str | None = None
     seed: int | None = None
+    lr_scale: str | None = None
 
     def _given(self) -> list[tuple[str, str, str]]:
         """(label word, flag, value) of each flag given."""
         values = (("epochs", "epochs", self.epochs), ("extend", "extend", self.extend),
                   ("lam-sampling", "lam-sampling", self.lam_sampling), ("recompute", "recompute", self.recompute),
-                  ("start", "start-from", self.start), ("seed", "seed", self.seed))
+                  ("start", "start-from", self.start), ("seed", "seed", self.seed),
+                  ("lr-scale-", "lr-scale", self.lr_scale))
         return [(k, f, v if isinstance(v, str) else f"{v:g}") for k, f, v in values if v is not None]
 
     def flags(self) -> list[str]:
@@ -107,11 +110,12 @@ def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
     ap.add_argument("--start-from", default=None, help="the dual runs' --start-from (records ...-startM)")
     ap.add_argument("--learn-seed", type=int, default=None, help="the dual runs' --seed, the learner's batch order "
                     "and λ draws (records ...-seedS; --seeds are the pair's training seeds)")
+    ap.add_argument("--lr-scale", default=None, help="the dual runs' --lr-scale (records ...-lr-scale-FAMILY=FACTOR)")
 
 
 def parse_variant(args: argparse.Namespace) -> Variant:
     """The `Variant` of a benchmark's parsed `add_variant` flags."""
-    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute, args.start_from, args.learn_seed)
+    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute, args.start_from, args.learn_seed, args.lr_scale)
 
 
 def test_args(vision: bool) -> list[str]:

@@ -60,7 +60,7 @@ EXTEND = 1.0
 BATCH_TOKENS = 1024
 #: settings a checkpoint may lack, with the value a run had before they were written (`learn_loop.Run.load`
 #: reads a checkpoint without one as holding this value)
-IMPLIED = {"lam_sampling": "uniform", "extend": 1}
+IMPLIED = {"lam_sampling": "uniform", "extend": 1, "lr_scale": None}
 
 RECIPES = {
     "full": {"steps": None, "epochs": EPOCHS, "lr": "auto", "lam_range": (0.2, 0.8), "grid_points": 11,
@@ -134,6 +134,20 @@ def parse_extend(text: str) -> float:
                    "a finite number of at least 1 (1: never learn past the planned steps)")
 
 
+def parse_lr_scale(text: str | None) -> dict[str, float]:
+    """`--lr-scale`: "FAMILY=FACTOR,..." -> {family: factor}, each factor a finite number above 0 (a family
+    not named keeps factor 1). Whether the families are learned is checked by the learner (`learner.rate_groups`)."""
+    out: dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in str(text or "").split(","))):
+        fam, eq, factor = (x.strip() for x in item.partition("="))
+        if not eq or not fam:
+            raise SymmergeError(f"--lr-scale {text!r} is not 'FAMILY=FACTOR,...' (e.g. residual_rotation=3)")
+        if fam in out:
+            raise SymmergeError(f"--lr-scale names {fam} twice")
+        out[fam] = _finite(f"--lr-scale {fam}=", factor, lambda x: x > 0, "a finite number above 0")
+    return out
+
+
 def parse_val_batches(text: str) -> int | str:
     """`--val-batches`: 'auto' (sized from the standard error) or a whole number of at least 1."""
     n = _auto_or(text, "--val-batches", int, "a whole number")
@@ -153,6 +167,7 @@ class LearnConfig:
     steps: int | None = _FULL["steps"]  # given: the run's length; None: `epochs` passes over the batches
     epochs: float | None = _FULL["epochs"]  # read only when `steps` is None
     lr: float | str | None = _FULL["lr"]  # "auto": lr_search.py; None: the method's DEFAULT_LR
+    lr_scale: str | None = None  # "FAMILY=FACTOR,...": those families' rate is FACTOR x lr (parse_lr_scale)
     lam_range: tuple[float, float] = _FULL["lam_range"]
     lam_sampling: str | None = None  # "uniform", "peak"; None: the objective's own (objectives.SAMPLINGS)
     seed: int = 0
@@ -190,6 +205,7 @@ class LearnConfig:
         if not re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device)):
             raise SymmergeError(f"device must be cpu, cuda or cuda:N, not {self.device!r}")
         self._validate_length()
+        parse_lr_scale(self.lr_scale)
         if self.lr != "auto" and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise SymmergeError(f"the learning rate must be a finite number above 0 or 'auto', not {self.lr!r}")
         if self.val_batches not in (None, "auto") and not (isinstance(self.val_batches, int) and self.val_batches >= 1):

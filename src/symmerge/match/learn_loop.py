@@ -33,7 +33,7 @@ from ..runtime.progress import tqdm
 from ..store.optim_state import optimizer_tensors, restore_optimizer
 from .learn_config import FLAT, IMPLIED
 from .learn_state import check_settings, load_state, save_state
-from .learner import Learner
+from .learner import Learner, rate_groups
 
 #: the prefix of Adam's state in a checkpoint's tensors
 ADAM = "adam."
@@ -96,8 +96,11 @@ class Run:
         self.stop = False
         self.objective = learner.objective(learner.cfg)
         self.cfg = replace(learner.cfg, lam_sampling=self.objective.sampling)  # the sampling taken, in settings
-        self.names = list(learner.trainables())
-        self.opt = torch.optim.Adam(list(learner.trainables().values()), lr=self.cfg.lr)
+        tensors = learner.trainables()
+        groups = rate_groups(learner.slots, learner.spec, self.cfg.lr_scale)  # Adam's parameter order: the names'
+        self.names = [n for _, names in groups for n in names]
+        self.opt = torch.optim.Adam([{"params": [tensors[n] for n in names], "scale": factor}
+                                     for factor, names in groups], lr=self.cfg.lr)
         self.meta = {"step": 0, "history": [], "best_step": 0, "bad_evals": 0,
                      "stopped_early": False, "diverged": False, "done": False, "time_s": 0.0, "endpoint_losses": None,
                      "validation_s": 0.0, "past_plan_s": 0.0,
@@ -180,15 +183,17 @@ class Run:
         """One optimiser step; several processes take their rows of the batch and sum their gradients
         (and `stop`, Ctrl-C's flag: `self.stop` says whether any process had it set)."""
         idx, mix = self.objective.draw(step, len(self.train), self.meta["history"])
+        lr = scheduled_lr(self.cfg.lr, step, self.cfg.steps, extension_chunk(self.cfg.steps, self.cfg.eval_every))
         for pg in self.opt.param_groups:
-            pg["lr"] = scheduled_lr(self.cfg.lr, step, self.cfg.steps, extension_chunk(self.cfg.steps, self.cfg.eval_every))
+            pg["lr"] = lr * pg["scale"]
         self.opt.zero_grad(set_to_none=True)
         batch = self.train[idx]
         loss = self.learner.loss(self.group.local(batch), mix)
         if self.group.world > 1:
             loss = loss * self.group.share(batch)
         loss.backward()
-        total, self.stop = self.group.sync(self.opt.param_groups[0]["params"], loss, stop)
+        params = [p for pg in self.opt.param_groups for p in pg["params"]]
+        total, self.stop = self.group.sync(params, loss, stop)
         if not math.isfinite(total):  # keep the best state and stop rather than step into NaN
             self.meta["diverged"] = True
             return float("nan")

@@ -19,7 +19,7 @@ from ..store.compatible import check_compatible
 from ..store.parts import part_keys, part_of
 from .blockwise import BlockwiseForward, PartFn
 from .frozen import fill
-from .learn_config import DTYPES, LearnConfig
+from .learn_config import DTYPES, LearnConfig, parse_lr_scale
 from .objectives import PathObjective
 from .parametrize import Parametrization, learnable, parametrization, resolve_methods, straight_through
 from .sharded import frozen
@@ -43,6 +43,24 @@ class Slot:
 def trainables(slots: list[Slot]) -> dict[str, torch.Tensor]:
     """The learned tensors of `slots`, named `side.group.key` (the names a checkpoint keeps them under)."""
     return {f"{s.key}.{k}": t for s in slots for k, t in sorted(s.raw.items())}
+
+
+def rate_groups(slots: list[Slot], spec: Spec, lr_scale: str | None) -> list[tuple[float, list[str]]]:
+    """The trainable tensors' names (as `trainables` names them) grouped by their family's rate factor
+    (`LearnConfig.lr_scale`; 1 where not named), first appearance first and `trainables`' order within a group:
+    with no factor given, one group holding every name in `trainables`' order. Naming a family that none of
+    `slots` learns is an error (a factor that would silently do nothing)."""
+    scales = parse_lr_scale(lr_scale)
+    learned = {spec.groups[s.group].family for s in slots}
+    unknown = sorted(set(scales) - learned)
+    if unknown:
+        raise SymmergeError(f"--lr-scale names {', '.join(unknown)}, not learned here; the learned families are "
+                            f"{', '.join(sorted(learned))}")
+    groups: dict[float, list[str]] = {}
+    for s in slots:
+        factor = scales.get(spec.groups[s.group].family, 1.0)
+        groups.setdefault(factor, []).extend(f"{s.key}.{k}" for k in sorted(s.raw))
+    return list(groups.items())
 
 
 def lap(latent: torch.Tensor) -> torch.Tensor:

@@ -202,6 +202,8 @@ class LearnedOptions(WeightOptions):
                                   argument_type(parse_epochs), recipe="epochs")
     lr: float | str | None = option(None, "Adam rate, cosine decay; auto: the best of short runs on the validation "
                                     "barrier", argument_type(parse_lr), recipe="lr")
+    lr_scale: str | None = option(None, "FAMILY=FACTOR,...: those families' rate is FACTOR x --lr (others: 1), "
+                                  "e.g. ov_map=3")
     lam_range: tuple[float, float] | None = option(None, "λ drawn from LOW,HIGH per batch (--lam-sampling)",
                                                    argument_type(parse_lam_range), recipe="lam_range")
     lam_sampling: str | None = option(None, "peak: half the λ draws where the path stands highest, or uniform "
@@ -255,7 +257,7 @@ def learn_config(method: str, families, opts: dict, progress: bool = True, devic
                  dtype: str = "float32") -> LearnConfig:
     """The `LearnConfig` of learned / dual matching for resolved options `opts`, checked."""
     cfg = LearnConfig(method=method, groups=families, param=opts["param"], steps=opts["steps"],
-                      epochs=opts["epochs"], lr=opts["lr"], lam_range=opts["lam_range"],
+                      epochs=opts["epochs"], lr=opts["lr"], lr_scale=opts["lr_scale"], lam_range=opts["lam_range"],
                       lam_sampling=opts["lam_sampling"], seed=opts["seed"], eval_every=opts["eval_every"],
                       patience=opts["patience"], extend=opts["extend"], grid_points=opts["val_points"],
                       val_batches=opts["val_batches"],
