@@ -9,7 +9,9 @@ so an interrupted benchmark goes on where it stopped. Each command runs in a fre
 `--epochs E` and `--extend X` run the same command with that length (a length given fixes it unless
 `--extend` is given too), recorded as NAME-epochsE[-extendX]; `--lam-sampling S` with that λ sampling, recorded
 as NAME-lam-samplingS; `--start-from M` learning from matcher M's element, recorded as NAME-startM;
-`--learn-seed S` with the learner's seed S (its batch order and λ draws), recorded as NAME-seedS.
+`--learn-seed S` with the learner's seed S (its batch order and λ draws), recorded as NAME-seedS; `--lr-scale F`
+with those families' rate factors, recorded as NAME-lr-scale-F; `--batch-size B` with B sequences (images) per
+training batch, recorded as NAME-batchB.
 
     python benchmarks/pairs.py neox-char-demo llama-char-demo
     python benchmarks/default_dual.py neox-char-demo llama-char-demo
@@ -61,8 +63,8 @@ class Variant:
     """The flags a benchmark run adds to the default `align --method dual` / `merge --method dual`: the length
     (`--epochs`, `--extend`), the λ sampling (`--lam-sampling`), what the backward recomputes (`--recompute`: the
     same result, another time), the matcher learning starts from (`--start-from`, labelled `start`) and the
-    learner's seed (`--seed`: its batch order and λ draws) and the families' rate factors (`--lr-scale`); none given
-    is the default recipe (`Variant()`)."""
+    learner's seed (`--seed`: its batch order and λ draws), the families' rate factors (`--lr-scale`) and the
+    training batches' size (`--batch-size`, labelled `batch`); none given is the default recipe (`Variant()`)."""
 
     epochs: float | None = None
     extend: float | None = None
@@ -71,13 +73,14 @@ class Variant:
     start: str | None = None
     seed: int | None = None
     lr_scale: str | None = None
+    batch_size: int | None = None
 
     def _given(self) -> list[tuple[str, str, str]]:
         """(label word, flag, value) of each flag given."""
         values = (("epochs", "epochs", self.epochs), ("extend", "extend", self.extend),
                   ("lam-sampling", "lam-sampling", self.lam_sampling), ("recompute", "recompute", self.recompute),
                   ("start", "start-from", self.start), ("seed", "seed", self.seed),
-                  ("lr-scale-", "lr-scale", self.lr_scale))
+                  ("lr-scale-", "lr-scale", self.lr_scale), ("batch", "batch-size", self.batch_size))
         return [(k, f, v if isinstance(v, str) else f"{v:g}") for k, f, v in values if v is not None]
 
     def flags(self) -> list[str]:
@@ -100,8 +103,8 @@ DEFAULT = Variant()
 
 
 def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
-    """`--epochs`, `--extend`, `--lam-sampling`, `--recompute`, `--start-from` and `--learn-seed` for the dual runs of a benchmark whose
-    records are labelled `what`."""
+    """`--epochs`, `--extend`, `--lam-sampling`, `--recompute`, `--start-from`, `--learn-seed`, `--lr-scale` and
+    `--batch-size` for the dual runs of a benchmark whose records are labelled `what`."""
     ap.add_argument("--epochs", type=float, default=None, help=f"the dual runs' --epochs instead of the default "
                     f"recipe's (records {what}-epochsE)")
     ap.add_argument("--extend", type=float, default=None, help="the dual runs' --extend")
@@ -111,11 +114,14 @@ def add_variant(ap: argparse.ArgumentParser, what: str) -> None:
     ap.add_argument("--learn-seed", type=int, default=None, help="the dual runs' --seed, the learner's batch order "
                     "and λ draws (records ...-seedS; --seeds are the pair's training seeds)")
     ap.add_argument("--lr-scale", default=None, help="the dual runs' --lr-scale (records ...-lr-scale-FAMILY=FACTOR)")
+    ap.add_argument("--batch-size", type=int, default=None, help="the dual runs' --batch-size, sequences (images) per "
+                    "training batch (records ...-batchB)")
 
 
 def parse_variant(args: argparse.Namespace) -> Variant:
     """The `Variant` of a benchmark's parsed `add_variant` flags."""
-    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute, args.start_from, args.learn_seed, args.lr_scale)
+    return Variant(args.epochs, args.extend, args.lam_sampling, args.recompute, args.start_from, args.learn_seed,
+                   args.lr_scale, args.batch_size)
 
 
 def test_args(vision: bool) -> list[str]:

@@ -274,6 +274,16 @@ _FIGURES = [
            "benchmark", refs=tuple(_dual(f"{p}{s}-seed1") for p in ("llama-char-demo", "neox-rot50-char-demo")
                                    for s in ("-startactivation", "")),
            command="benchmarks/default_dual.py NAME --learn-seed 1 [--start-from activation]", page=LIMITATIONS),
+    Figure("limitations-lr-scale",
+           P("the QK maps at ten times the others' rate and at a tenth left {} and {} of plain averaging's barrier,\n"
+             "  and every family but the residual rotation at a third of the rotation's rate and at three times it {} "
+             "and\n  {} (`--lr auto`"), "benchmark",
+           refs=tuple(_dual(f"llama-char-demo-lr-scale-{f}") for f in ("qk_map=10", "qk_map=0.1", "residual_rotation=3",
+                                                                      "residual_rotation=0.3")),
+           command="benchmarks/default_dual.py llama-char-demo --lr-scale FAMILY=FACTOR", page=LIMITATIONS),
+    Figure("limitations-lr-scale-default", P("both), against the default's {} and {} at two learner seeds"), "benchmark",
+           refs=(_dual("llama-char-demo-retrained"), _dual("llama-char-demo-seed1")),
+           command="benchmarks/default_dual.py llama-char-demo [--learn-seed 1]", page=LIMITATIONS),
     Figure("limitations-start-seed-neox",
            P("stayed so at\n  seeds 1 and 2, {} and {} against {} and {}, though the default's seeds there spread "
              "more\n  ({} to {})"), "benchmark",
