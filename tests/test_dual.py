@@ -168,3 +168,22 @@ def test_cli_dual_align_on_real_text(tmp_path, capsys):
     for side, src in (("A", "m0"), ("B", "m1")):  # float32 checkpoints
         assert_same_function(run(out / side), run(tmp_path / src), dtype=torch.float32, what=side)
     assert float((run(out / "B") - run(tmp_path / "m0")).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("command", ["align", "merge"])
+def test_groups_all_learns_the_residual_scale(tmp_path, command):
+    """`--groups all` is every family for the learner as for weight matching: the residual scale is learned (and
+    the outputs keep their functions, which `align` checks as it writes them); without `--groups` it stays fixed
+    (the default families, the negative control)."""
+    from symmerge import cli
+
+    pair, _, _ = char_pair(tmp_path, 20000)
+    common = [*pair, "--method", "dual", "--recipe", "quick", "--batch-size", "4", "--max-batches", "2",
+              "--val-batches", "1", "--steps", "4", "--eval-every", "2"]
+    for groups, learned in ((["--groups", "all"], True), ([], False)):
+        out, rep = tmp_path / f"out{learned}", tmp_path / f"r{learned}.json"
+        assert cli.main([command, *common, *groups, "-o", str(out), "--json", str(rep)]) == 0
+        report = json.loads(rep.read_text())
+        params = report["parameterisation"]
+        assert ("residual.scale" in params) == learned, params
+        assert ("residual.scale" in report["fixed_groups"]) != learned, report["fixed_groups"]

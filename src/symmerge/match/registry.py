@@ -136,11 +136,18 @@ def _activation_holds_out(opts: dict) -> bool:
     return reads_held_out(opts["blocks"])
 
 
+def every_family(model, families: list[str] | None) -> list[str]:
+    """The families a learner learns for `families` as every matcher reads them here: None is every group of the
+    model (`--groups all`, the residual scale included), where `LearnConfig.groups` None means the spec's
+    default families."""
+    return model.spec.families() if families is None else families
+
+
 def _run_learned(method: str, a, b, families, data, opts, start, progress: bool = True, checkpoint=None,
                  resume: bool = False, device: str = "cpu", dtype: str = "float32") -> Alignment:
     from .learned import learn
 
-    cfg = learn_config(method, families, opts, progress, device, dtype)
+    cfg = learn_config(method, every_family(a, families), opts, progress, device, dtype)
     res = learn(a, b, data.train, data.val, cfg, init=start.elements["B"], checkpoint=checkpoint, resume=resume)
     res.report["time"]["start_s"] = round(start.figures["seconds"], 3)
     return Alignment(method, res.elements, res.report, start)
@@ -194,7 +201,7 @@ def _run_learned_many(method: str, sources, weights, families, data, opts, start
                       resume: bool = False) -> ManyAlignment:
     from .learn_many import learn_many
 
-    cfg = learn_config(method, families, opts, progress, device, dtype)
+    cfg = learn_config(method, every_family(sources[0], families), opts, progress, device, dtype)
     # the sources as they are (LazyModels: read part by part into frozen stores, never whole)
     res = learn_many(list(sources), weights, data.train, data.val, cfg, init=start.elements,
                      val_points=opts["val_simplex_points"], checkpoint=checkpoint, resume=resume)
