@@ -284,6 +284,9 @@ _FIGURES = [
     Figure("limitations-lr-scale-default", P("both), against the default's {} and {} at two learner seeds"), "benchmark",
            refs=(_dual("llama-char-demo-retrained"), _dual("llama-char-demo-seed1")),
            command="benchmarks/default_dual.py llama-char-demo [--learn-seed 1]", page=LIMITATIONS),
+    Figure("limitations-batch", P("steps) left {} and {} (records"), "benchmark",
+           refs=(_dual("llama-char-demo-batch8"), _dual("llama-char-demo-batch32")),
+           command="benchmarks/default_dual.py llama-char-demo --batch-size B", page=LIMITATIONS),
     Figure("limitations-start-seed-neox",
            P("stayed so at\n  seeds 1 and 2, {} and {} against {} and {}, though the default's seeds there spread "
              "more\n  ({} to {})"), "benchmark",
