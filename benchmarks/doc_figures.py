@@ -287,6 +287,13 @@ _FIGURES = [
     Figure("limitations-batch", P("steps) left {} and {} (records"), "benchmark",
            refs=(_dual("llama-char-demo-batch8"), _dual("llama-char-demo-batch32")),
            command="benchmarks/default_dual.py llama-char-demo --batch-size B", page=LIMITATIONS),
+    Figure("limitations-resolve",
+           P("and by activation matching from {} to {} and {} nats on the Llama-style demo pair (learner seed 1),\n"
+             "  from {} to {} and {} on the half-rotary GPT-NeoX pair (seed 1) and from {} to {} and {}\n  on the GPT-2"),
+           "benchmark", refs=tuple(Ref("resolve_after_learning", key, key, col) for key in
+                                   ("llama-char-demo-seed1", "neox-rot50-char-demo-seed1", "gpt2-char-demo-epochs12")
+                                   for col in ("default dual", "weight re-solve: barrier", "activation re-solve: barrier")),
+           command="benchmarks/resolve_after_learning.py NAME [--learn-seed 1 | --epochs 12]", page=LIMITATIONS),
     Figure("limitations-start-seed-neox",
            P("stayed so at\n  seeds 1 and 2, {} and {} against {} and {}, though the default's seeds there spread "
              "more\n  ({} to {})"), "benchmark",
