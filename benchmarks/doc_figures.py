@@ -284,6 +284,11 @@ _FIGURES = [
     Figure("limitations-lr-scale-default", P("both), against the default's {} and {} at two learner seeds"), "benchmark",
            refs=(_dual("llama-char-demo-retrained"), _dual("llama-char-demo-seed1")),
            command="benchmarks/default_dual.py llama-char-demo [--learn-seed 1]", page=LIMITATIONS),
+    Figure("limitations-lr-scale-neox", P("The QK maps at ten times the rate left {} and {} on the\n  GPT-NeoX pairs "
+                                          "on WikiText-2 and half rotary, against the default's {} and {} (records"),
+           "benchmark", refs=(*(_dual(f"{p}-lr-scale-qk_map=10") for p in ("neox-wiki-char-demo", "neox-rot50-char-demo")),
+                              _dual("neox-wiki-char-demo"), _dual("neox-rot50-char-demo")),
+           command="benchmarks/default_dual.py NAME [--lr-scale qk_map=10]", page=LIMITATIONS),
     Figure("limitations-batch", P("steps) left {} and {} (records"), "benchmark",
            refs=(_dual("llama-char-demo-batch8"), _dual("llama-char-demo-batch32")),
            command="benchmarks/default_dual.py llama-char-demo --batch-size B", page=LIMITATIONS),
