@@ -129,6 +129,14 @@ def test_args(vision: bool) -> list[str]:
     return IMAGE_TEST if vision else TEXT_TEST
 
 
+def test_barrier(name: str, x, y, data: str, out: Path, commands: list[str]) -> float:
+    """The test barrier of models `x` and `y` of pair `name` on `data` (11 points, the test split), from `symmerge
+    barrier`'s report `out` (run unless it exists; its command line goes to `commands`)."""
+    symmerge(["barrier", str(x), str(y), "--data", data, *test_args(pairs.is_vision(name)), "--points", "11",
+              "--json", str(out)], out, commands)
+    return json.loads(out.read_text())["barrier"]
+
+
 def learning_columns(r: dict, rate: float, start: float, best: float) -> list[str]:
     """The columns of a learned / dual run's report `r`: its rate, steps, best step, validation figure from
     `start` to `best`, and where its time went."""
@@ -144,17 +152,13 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
     the plain barrier is the pair's, shared with the default run's)."""
     (a, _), (b, _) = pairs.commands(name, seeds, runs, data_root)
     data = pairs.data_of(name, data_root)
-    barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
     pair, label = pair_label(name, seeds), pair_label(name, seeds, variant)
     out, rep = work / label, work / f"{label}.json"
     symmerge(["align", a, b, "-o", str(out), "--method", "dual", "--data", data, *variant.flags(),
               "--json", str(rep)], rep, commands, learns=out)
-    for kind, x, y, at in (("dual", out / "A", out / "B", label), ("plain", a, b, pair)):
-        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(work / f"{at}-{kind}.json")],
-                 work / f"{at}-{kind}.json", commands)
+    dual = test_barrier(name, out / "A", out / "B", data, work / f"{label}-dual.json", commands)
+    plain = test_barrier(name, a, b, data, work / f"{pair}-plain.json", commands)
     r = json.loads(rep.read_text())
-    dual = json.loads((work / f"{label}-dual.json").read_text())["barrier"]
-    plain = json.loads((work / f"{pair}-plain.json").read_text())["barrier"]
     best = next(h for h in r["history"] if h["step"] == r["best_step"])
     return [label, f"{plain:.4f}", f"{dual:.4f}", f"{dual / plain:.4f}",
             *learning_columns(r, r["plan"]["lr"], r["barrier_before"], best["barrier"])]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pairs
 import record
-from default_dual import DEFAULT, Variant, add_variant, pair_label, parse, parse_variant, symmerge, test_args
+from default_dual import DEFAULT, Variant, add_variant, pair_label, parse, parse_variant, symmerge, test_barrier
 
 COLUMNS = ["pair", "plain", "default dual", "weight re-solve: units moved", "weight re-solve: barrier",
            "activation re-solve: units moved", "activation re-solve: barrier"]
@@ -42,25 +42,21 @@ def measure(name: str, runs: str, data_root: str, work: Path, commands: list[str
     """The row of the dual run `default_dual.py NAME` made with `variant`'s flags (its outputs in `work`)."""
     (a, _), (b, _) = pairs.commands(name, (0, 1), runs, data_root)
     data = pairs.data_of(name, data_root)
-    barrier = [*test_args(pairs.is_vision(name)), "--points", "11"]
     label = pair_label(name, (0, 1), variant)
     dual = work / label
     if not (dual / "A").is_dir():
         raise SystemExit(f"{dual} has no dual outputs: run benchmarks/default_dual.py {name} "
                          f"{' '.join(variant.flags())} --work {work} first")
-    figures = {}
-    for kind, x, y, at in (("plain", a, b, name), ("dual", dual / "A", dual / "B", label)):
-        out = work / f"{at}-{kind}.json"
-        symmerge(["barrier", str(x), str(y), "--data", data, *barrier, "--json", str(out)], out, commands)
-        figures[kind] = json.loads(out.read_text())["barrier"]
-    row = [label, f"{figures['plain']:.4f}", f"{figures['dual']:.4f}"]
+    plain = test_barrier(name, a, b, data, work / f"{name}-plain.json", commands)
+    learned = test_barrier(name, dual / "A", dual / "B", data, work / f"{label}-dual.json", commands)
+    row = [label, f"{plain:.4f}", f"{learned:.4f}"]
     for method in ("weight", "activation"):
         out, rep, bar = (work / f"{label}-resolve-{method}{s}" for s in ("", ".json", "-barrier.json"))
         flags = ["--data", data, "--blocks", "activation"] if method == "activation" else []
         symmerge(["align", str(dual / "A"), str(dual / "B"), "-o", str(out), "--method", method, "--groups",
                   PERMUTATIONS, *flags, "--json", str(rep)], rep, commands)
-        symmerge(["barrier", str(dual / "A"), str(out), "--data", data, *barrier, "--json", str(bar)], bar, commands)
-        row += [_moved(json.loads(rep.read_text())), f"{json.loads(bar.read_text())['barrier']:.4f}"]
+        row += [_moved(json.loads(rep.read_text())),
+                f"{test_barrier(name, dual / 'A', out, data, bar, commands):.4f}"]
     return row
 
 

@@ -48,16 +48,15 @@ def test_a_factor_scales_that_family_only(pair):
     another run (negative control)."""
     a, _ = pair
     b = a.moved(random_element(a.spec, torch.Generator().manual_seed(5), CONTINUOUS, spread=1.5))
-    init = None
     train, val = lm_batches(3, 0), lm_batches(1, 1)
     cfg = quick(method="dual", lr=0.02, steps=6, lam_range=(0.5, 0.5))
-    base = learn(a, b, train, val, cfg, init=init)
-    ones = learn(a, b, train, val, dataclasses.replace(cfg, lr_scale="residual_rotation=1,ov_map=1"), init=init)
+    base = learn(a, b, train, val, cfg)
+    ones = learn(a, b, train, val, dataclasses.replace(cfg, lr_scale="residual_rotation=1,ov_map=1"))
     for side in ("A", "B"):
         for n, t in base.elements[side].items():
             assert torch.equal(t, ones.elements[side][n]), n
-    frozen = learn(a, b, train, val, dataclasses.replace(cfg, lr_scale="residual_rotation=1e-12"), init=init)
-    doubled = learn(a, b, train, val, dataclasses.replace(cfg, lr_scale="residual_rotation=2"), init=init)
+    frozen = learn(a, b, train, val, dataclasses.replace(cfg, lr_scale="residual_rotation=1e-12"))
+    doubled = learn(a, b, train, val, dataclasses.replace(cfg, lr_scale="residual_rotation=2"))
     rot, ov = "residual.rotation", "blocks.0.ov"
 
     def change(r, n):

@@ -99,6 +99,7 @@ class Run:
         tensors = learner.trainables()
         groups = rate_groups(learner.slots, learner.spec, self.cfg.lr_scale)  # Adam's parameter order: the names'
         self.names = [n for _, names in groups for n in names]
+        self.params = [tensors[n] for n in self.names]  # in Adam's order, for the gradient sync
         self.opt = torch.optim.Adam([{"params": [tensors[n] for n in names], "scale": factor}
                                      for factor, names in groups], lr=self.cfg.lr)
         self.meta = {"step": 0, "history": [], "best_step": 0, "bad_evals": 0,
@@ -192,8 +193,7 @@ class Run:
         if self.group.world > 1:
             loss = loss * self.group.share(batch)
         loss.backward()
-        params = [p for pg in self.opt.param_groups for p in pg["params"]]
-        total, self.stop = self.group.sync(params, loss, stop)
+        total, self.stop = self.group.sync(self.params, loss, stop)
         if not math.isfinite(total):  # keep the best state and stop rather than step into NaN
             self.meta["diverged"] = True
             return float("nan")
