@@ -3,6 +3,7 @@ CLI, the library configuration and the demo; every report stamped the same way. 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -169,6 +170,39 @@ def test_config_without_architectures_is_read_by_model_type(model_type, cls):
     config = AutoConfig.for_model(model_type)
     config.architectures = None
     assert adapter_for(config) is ADAPTERS[cls]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "smollm3", "gemma2", "gemma3"])
+def test_a_folder_without_architectures_is_read_and_written_as_its_own_class(tmp_path, arch):
+    """An adapter serving several classes (Llama's, Gemma 2/3's) reads which one a config without `architectures`
+    is from its model_type: the canonical tensors run through that class give the saved model's logits, and a
+    written copy names it. Negative control: another class of the adapter run on the same tensors gives other
+    logits (Qwen2's biases, Gemma 3's QK-norm and windows are dropped or misread)."""
+    from checks import precision, tolerance
+    from factories import example_inputs, logits, make_model, save_model, stock_logits
+    from symmerge.store.model import load_model
+    from symmerge.store.model import save_model as write
+
+    stock = make_model(arch)
+    folder = save_model(stock, tmp_path / "in")
+    config = json.loads((folder / "config.json").read_text())
+    cls = config.pop("architectures")[0]
+    (folder / "config.json").write_text(json.dumps(config))
+    model = load_model(folder)
+    assert model.shape.hf_class == cls
+    inputs = example_inputs(arch)
+    reference = logits(stock, inputs)
+    tol = tolerance(precision(stock), reference)  # Gemma's norms compute in float32
+    assert (stock_logits(model, model.params, inputs) - reference).abs().max() < tol
+    write(model, model.params, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [cls]
+    other = next(c for c in model.adapter.hf_classes if c != cls)
+    try:
+        wrong = stock_logits(dataclasses.replace(model, shape=dataclasses.replace(model.shape, hf_class=other)),
+                             model.params, inputs)
+    except Exception:  # the first class cannot even take these tensors: as good a control
+        return
+    assert (wrong - reference).abs().max() > 100 * tol
 
 
 def test_config_without_architectures_of_a_refused_class_says_why():

@@ -75,7 +75,8 @@ def test_data_order_and_schedule():
 @pytest.mark.parametrize("arch,data,cls", [
     ("neox", "text", T.GPTNeoXForCausalLM), ("llama", "text", T.LlamaForCausalLM), ("qwen3", "text", T.Qwen3ForCausalLM),
     ("olmo2", "text", T.Olmo2ForCausalLM), ("qwen3_moe", "text", T.Qwen3MoeForCausalLM),
-    ("olmo", "text", T.OlmoForCausalLM), ("vit", "digits", T.ViTForImageClassification),
+    ("olmo", "text", T.OlmoForCausalLM), ("gemma3", "text", T.Gemma3ForCausalLM), ("phi3", "text", T.Phi3ForCausalLM),
+    ("vit", "digits", T.ViTForImageClassification),
 ])
 def test_each_arch_trains_to_a_stock_checkpoint(tmp_path, text_file, arch, data, cls):
     data = str(text_file) if data == "text" else data
@@ -138,7 +139,7 @@ def test_train_errors(tmp_path, text_file):
 
 
 def test_small_presets_have_the_papers_shapes():
-    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2"):
+    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3"):
         c = lm_config(arch, get_preset(arch, "small"), 50257, 0, 0)
         d = c.to_dict()
         width = d.get("n_embd", d.get("hidden_size"))
@@ -153,14 +154,14 @@ def test_small_presets_have_the_papers_shapes():
         vit_config(get_preset("vit", "small"), 32, 10)
     assert lm_config("qwen3", get_preset("qwen3", "small"), 65, 0, 0).num_key_value_heads == 2
     assert lm_config("qwen3_moe", get_preset("qwen3_moe", "small"), 65, 0, 0).num_experts == 8
-    assert set(PRESETS) == {"gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "vit"}
+    assert set(PRESETS) == {"gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3", "vit"}
     assert all("tiny" in v for v in PRESETS.values())
 
 
 def test_demo_presets_build_stock_models_of_their_shape():
     """`demo` (width 128, 3 layers, 4 heads, context 64) builds and runs for every LM architecture;
     Llama keeps GQA (2 KV heads < 4) and SwiGLU width ~ 8/3 d rounded to a multiple of 8."""
-    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2"):
+    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3"):
         p = get_preset(arch, "demo")
         c = lm_config(arch, p, 65, 0, 0)
         torch.manual_seed(0)
@@ -175,6 +176,11 @@ def test_demo_presets_build_stock_models_of_their_shape():
     llama = lm_config("llama", get_preset("llama", "demo"), 65, 0, 0)
     assert llama.num_key_value_heads == 2 < llama.num_attention_heads
     assert llama.intermediate_size % 8 == 0 and abs(llama.intermediate_size - 8 * 128 / 3) < 8
+    gemma = lm_config("gemma3", get_preset("gemma3", "demo"), 65, 0, 0)  # both attention kinds, local over half
+    assert gemma.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert gemma.sliding_window == 32 and gemma.tie_word_embeddings and gemma.pad_token_id is None
+    shape = adapter_for(gemma).shape(gemma)  # read with Gemma 3's group: post-norms and QK-norm per head
+    assert shape.post_norm and shape.qk_norm == "head" and shape.tied
     neox = lm_config("neox", get_preset("neox", "demo"), 65, 0, 0)
     shape = adapter_for(neox).shape(neox)  # partial rotary, read the way symmerge reads any checkpoint
     assert shape.rotary_dims == shape.d_head // 4 > 0

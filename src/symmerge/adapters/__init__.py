@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import SymmergeError
-from .base import Adapter
+from .base import Adapter, class_names
 from .experts import MixtralAdapter, OlmoeAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter
 from .gemma import GemmaAdapter
 from .gemma1 import Gemma1Adapter
@@ -36,24 +36,12 @@ def supported() -> list[str]:
     return sorted(ADAPTERS)
 
 
-def _classes_of(model_type: str) -> list[str]:
-    """The model classes stock `transformers` pairs with `model_type` (its auto mappings are the one
-    home of that fact): the causal-LM head first, then image classification, then masked LM."""
-    from transformers.models.auto import modeling_auto as auto
-
-    mappings = (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
-                auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-    return [m[model_type] for m in mappings if model_type in m]
-
-
 def adapter_for(config) -> Adapter:
     """The adapter of `config`'s first architecture; a config that names none (some hand-written or old
     checkpoints) is read by its `model_type` through transformers' auto mappings."""
-    archs = list(getattr(config, "architectures", None) or [])
-    if not archs:
-        known = [c for c in _classes_of(config.model_type) if c in ADAPTERS or c in BROKEN]
-        archs = known or [config.model_type]
-    arch = archs[0]
+    named = class_names(config)
+    archs = named if getattr(config, "architectures", None) else [c for c in named if c in ADAPTERS or c in BROKEN]
+    arch = (archs or [config.model_type])[0]
     if arch in BROKEN:
         raise SymmergeError(f"{arch} is not supported: {BROKEN[arch]}. Supported: {', '.join(supported())}")
     if arch not in ADAPTERS:

@@ -215,6 +215,24 @@ class Adapter:
         return params
 
 
+def classes_of(model_type: str) -> list[str]:
+    """The model classes stock `transformers` pairs with `model_type` (its auto mappings are the one
+    home of that fact): the causal-LM head first, then image classification, then masked LM."""
+    from transformers.models.auto import modeling_auto as auto
+
+    mappings = (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+                auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    return [m[model_type] for m in mappings if model_type in m]
+
+
+def class_names(config) -> list[str]:
+    """The stock classes `config` names: its `architectures`, or for a config that names none (some hand-written
+    or old checkpoints) the classes transformers' auto mappings pair with its `model_type`. An adapter that serves
+    several classes reads which one from here, so that a config without `architectures` is read (and written back)
+    as its own class, not as the adapter's first."""
+    return list(getattr(config, "architectures", None) or []) or classes_of(config.model_type)
+
+
 def _hf_class(name: str):
     import transformers
 

@@ -21,6 +21,7 @@ from .base import (
     HookPoints,
     attention_from_canonical,
     attention_to_canonical,
+    class_names,
     final_norm_to_canonical,
     require,
     rotary_dims,
@@ -156,8 +157,8 @@ class LlamaAdapter(Adapter):
     qk_norm = ""
 
     def shape(self, c) -> ModelShape:
-        arch = (getattr(c, "architectures", None) or [self.hf_classes[0]])[0]
-        return _decoder_shape(self, c, arch if arch in self.hf_classes else self.hf_classes[0], "rmsnorm", True, self.qk_norm)
+        arch = next((a for a in class_names(c) if a in self.hf_classes), self.hf_classes[0])
+        return _decoder_shape(self, c, arch, "rmsnorm", True, self.qk_norm)
 
     def nope_layers(self, config) -> list[int]:
         """SmolLM3's `no_rope_layers` (1: RoPE, 0: none); other classes rotate every layer."""

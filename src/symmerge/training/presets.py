@@ -2,12 +2,14 @@
 
 `small` is the papers' size: 6 layers, width 256, 4 heads, context 256 (Tiny Shakespeare); the same
 shape for GPT-NeoX, Llama and Qwen3 (grouped-query attention with 2 KV heads, SwiGLU width 688 ~ 8/3 d;
-Qwen3 adds QK-norm), OLMo and OLMo-2 (post-norms and QK-norm). Qwen3-MoE (`qwen3_moe`) is Qwen3 with a mixture of
+Qwen3 adds QK-norm), OLMo and OLMo-2 (post-norms and QK-norm), Gemma 3 (Llama's widths with GeGLU, norms before and
+after each sublayer, QK-norm, a tied head, and every third layer global, the others attending over half the context)
+and Phi-3 (Llama's widths, MHA unless `--kv-heads`, fused projections). Qwen3-MoE (`qwen3_moe`) is Qwen3 with a mixture of
 experts in every layer, top 2 renormalised, no load-balancing loss (the loss is the language model's alone): 8
 experts of width 256 at `small`, 4 of width 128 at `demo` (an active FFN width of 256 or 512). ViT `small` is 6
 layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
 `tiny` presets train in a second and exist for tests; `demo` (width 128, 3 layers, 4 heads, context 64;
-Llama/Qwen3/OLMo/OLMo-2 SwiGLU width 344 ~ 8/3 d, Llama and Qwen3 with 2 KV heads) trains in minutes on one CPU
+the gated MLPs width 344 ~ 8/3 d, Llama, Qwen3 and Gemma 3 with 2 KV heads) trains in minutes on one CPU
 thread. Dropout is 0 everywhere (so training is a function of the seed alone, and a resumed run can equal an uninterrupted one).
 """
 
@@ -17,10 +19,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import SymmergeError
 
-ARCHS = ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "vit")
+ARCHS = ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3", "vit")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmo": "OlmoForCausalLM",
-              "olmo2": "Olmo2ForCausalLM", "vit": "ViTForImageClassification"}
+              "olmo2": "Olmo2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+              "vit": "ViTForImageClassification"}
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Preset:
     heads: int
     d_mlp: int
     context: int = 0  # language models: window length in tokens
-    kv_heads: int | None = None  # llama, qwen3 and qwen3_moe only (GQA); None = heads
+    kv_heads: int | None = None  # the `GQA` architectures only; None = heads
     experts: int = 0  # qwen3_moe only: experts per layer, each a gated MLP of width d_mlp
     experts_per_token: int = 0  # qwen3_moe only: the router's top k
     rotary_pct: float = 0.25  # neox only: the fraction of each head RoPE rotates (Pythia's 25%)
@@ -77,6 +80,11 @@ PRESETS: dict[str, dict[str, Preset]] = {
              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "olmo2": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
               "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
+    "gemma3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
+               "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
+               "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
+    "phi3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
+             "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "vit": {
         "demo": Preset(d_model=128, layers=2, heads=4, d_mlp=256, patch={28: 7, 8: 4}, batch_size=64, steps=400,
                        lr=2e-3, warmup=20, save_every=200),
@@ -97,7 +105,7 @@ def get_preset(arch: str, name: str) -> Preset:
 
 
 #: the architectures with grouped-query attention (`--kv-heads`)
-GQA = ("llama", "qwen3", "qwen3_moe")
+GQA = ("llama", "qwen3", "qwen3_moe", "gemma3", "phi3")
 #: the preset fields `symmerge train` may override (`--d-model`, `--layers`, `--heads`, `--kv-heads`, `--d-mlp`)
 SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
 #: GPT-NeoX's architecture switches `symmerge train` may override (`--rotary-pct`, `--parallel-residual`)
@@ -115,7 +123,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if bad:
         raise SymmergeError(f"shape overrides must be positive integers, got {bad}")
     if "kv_heads" in shape and arch not in GQA:
-        raise SymmergeError(f"--kv-heads applies to {' and '.join(GQA)} (grouped-query attention), not {arch}")
+        raise SymmergeError(f"--kv-heads applies to {', '.join(GQA)} (grouped-query attention), not {arch}")
     neox = [k for k in NEOX_FIELDS if k in shape]
     if neox and arch != "neox":
         raise SymmergeError(f"--{neox[0].replace('_', '-')} applies to neox, not {arch}")
@@ -127,7 +135,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
         raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
                             "positive number of dimensions; change --rotary-pct, --d-model or --heads")
-    if arch in ("llama", "qwen3", "qwen3_moe", "olmo", "olmo2") and head % 2:
+    if arch in ("llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3") and head % 2:
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
@@ -172,6 +180,22 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
         return T.Olmo2Config(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                              intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
                              pad_token_id=None, **common)
+    if arch == "gemma3":  # every third layer global, the others local over half the context (the stock 5:1 pattern,
+        # shortened so that the demo's three layers have both kinds); the stock query scale 1/sqrt(head_dim); tied head
+        head = p.d_model // p.heads
+        return T.Gemma3TextConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                                  num_key_value_heads=p.kv_heads or p.heads, head_dim=head, intermediate_size=p.d_mlp,
+                                  max_position_embeddings=p.context, query_pre_attn_scalar=head,
+                                  sliding_window=max(p.context // 2, 1),
+                                  layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention"
+                                               for i in range(p.layers)],
+                                  tie_word_embeddings=True, pad_token_id=None, **common)
+    if arch == "phi3":  # RoPE on the whole head (Phi-3-mini); fused qkv and gate_up projections
+        return T.Phi3Config(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                            num_key_value_heads=p.kv_heads or p.heads, intermediate_size=p.d_mlp,
+                            max_position_embeddings=p.context, original_max_position_embeddings=p.context,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, tie_word_embeddings=False,
+                            pad_token_id=None, **common)
     raise SymmergeError(f"{arch} is not a language-model architecture; choose one of {', '.join(a for a in ARCHS if a != 'vit')}")
 
 
