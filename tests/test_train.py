@@ -75,6 +75,7 @@ def test_data_order_and_schedule():
 @pytest.mark.parametrize("arch,data,cls", [
     ("neox", "text", T.GPTNeoXForCausalLM), ("llama", "text", T.LlamaForCausalLM), ("qwen3", "text", T.Qwen3ForCausalLM),
     ("olmo2", "text", T.Olmo2ForCausalLM), ("qwen3_moe", "text", T.Qwen3MoeForCausalLM),
+    ("qwen2_moe", "text", T.Qwen2MoeForCausalLM),
     ("olmo", "text", T.OlmoForCausalLM), ("gemma3", "text", T.Gemma3ForCausalLM), ("phi3", "text", T.Phi3ForCausalLM),
     ("vit", "digits", T.ViTForImageClassification),
 ])
@@ -96,9 +97,10 @@ def test_each_arch_trains_to_a_stock_checkpoint(tmp_path, text_file, arch, data,
         assert len(T.AutoTokenizer.from_pretrained(out)) == model.config.vocab_size
     if arch == "llama":
         assert model.config.num_key_value_heads == 2 < model.config.num_attention_heads
-    if arch == "qwen3_moe":  # read as a mixture of experts in every layer, by the adapter every command uses
+    if arch in ("qwen3_moe", "qwen2_moe"):  # read as a mixture of experts in every layer, by the adapter every command uses
         shape = adapter_for(model.config).shape(model.config)
         assert (shape.n_experts, shape.experts_per_token, shape.d_mlp) == (4, 2, 24)
+        assert shape.d_shared == (48 if arch == "qwen2_moe" else 0)  # Qwen2-MoE's shared expert
 
 
 def test_cli_train_with_gpt2_bpe_and_eval(tmp_path, text_file, capsys):
@@ -139,7 +141,7 @@ def test_train_errors(tmp_path, text_file):
 
 
 def test_small_presets_have_the_papers_shapes():
-    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3"):
+    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "qwen2_moe", "olmo", "olmo2", "gemma3", "phi3"):
         c = lm_config(arch, get_preset(arch, "small"), 50257, 0, 0)
         d = c.to_dict()
         width = d.get("n_embd", d.get("hidden_size"))
@@ -154,14 +156,14 @@ def test_small_presets_have_the_papers_shapes():
         vit_config(get_preset("vit", "small"), 32, 10)
     assert lm_config("qwen3", get_preset("qwen3", "small"), 65, 0, 0).num_key_value_heads == 2
     assert lm_config("qwen3_moe", get_preset("qwen3_moe", "small"), 65, 0, 0).num_experts == 8
-    assert set(PRESETS) == {"gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3", "vit"}
+    assert set(PRESETS) == {"gpt2", "neox", "llama", "qwen3", "qwen3_moe", "qwen2_moe", "olmo", "olmo2", "gemma3", "phi3", "vit"}
     assert all("tiny" in v for v in PRESETS.values())
 
 
 def test_demo_presets_build_stock_models_of_their_shape():
     """`demo` (width 128, 3 layers, 4 heads, context 64) builds and runs for every LM architecture;
     Llama keeps GQA (2 KV heads < 4) and SwiGLU width ~ 8/3 d rounded to a multiple of 8."""
-    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3"):
+    for arch in ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "qwen2_moe", "olmo", "olmo2", "gemma3", "phi3"):
         p = get_preset(arch, "demo")
         c = lm_config(arch, p, 65, 0, 0)
         torch.manual_seed(0)

@@ -6,7 +6,8 @@ Qwen3 adds QK-norm), OLMo and OLMo-2 (post-norms and QK-norm), Gemma 3 (Llama's 
 after each sublayer, QK-norm, a tied head, and every third layer global, the others attending over half the context)
 and Phi-3 (Llama's widths, MHA unless `--kv-heads`, fused projections). Qwen3-MoE (`qwen3_moe`) is Qwen3 with a mixture of
 experts in every layer, top 2 renormalised, no load-balancing loss (the loss is the language model's alone): 8
-experts of width 256 at `small`, 4 of width 128 at `demo` (an active FFN width of 256 or 512). ViT `small` is 6
+experts of width 256 at `small`, 4 of width 128 at `demo` (an active FFN width of 256 or 512); Qwen2-MoE (`qwen2_moe`)
+is the same mixture with Qwen2's attention and a shared expert of twice an expert's width. ViT `small` is 6
 layers, width 256, 4 heads, patch 4 for 28x28 images and patch 2 for 8x8.
 `tiny` presets train in a second and exist for tests; `demo` (width 128, 3 layers, 4 heads, context 64;
 the gated MLPs width 344 ~ 8/3 d, Llama, Qwen3 and Gemma 3 with 2 KV heads) trains in minutes on one CPU
@@ -19,9 +20,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import SymmergeError
 
-ARCHS = ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3", "vit")
+ARCHS = ("gpt2", "neox", "llama", "qwen3", "qwen3_moe", "qwen2_moe", "olmo", "olmo2", "gemma3", "phi3", "vit")
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-              "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmo": "OlmoForCausalLM",
+              "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+              "qwen2_moe": "Qwen2MoeForCausalLM", "olmo": "OlmoForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
               "vit": "ViTForImageClassification"}
 
@@ -36,8 +38,8 @@ class Preset:
     d_mlp: int
     context: int = 0  # language models: window length in tokens
     kv_heads: int | None = None  # the `GQA` architectures only; None = heads
-    experts: int = 0  # qwen3_moe only: experts per layer, each a gated MLP of width d_mlp
-    experts_per_token: int = 0  # qwen3_moe only: the router's top k
+    experts: int = 0  # the mixtures only: experts per layer, each a gated MLP of width d_mlp
+    experts_per_token: int = 0  # the mixtures only: the router's top k
     rotary_pct: float = 0.25  # neox only: the fraction of each head RoPE rotates (Pythia's 25%)
     parallel_residual: bool = True  # neox only: attention and MLP both read the block's input (Pythia)
     patch: dict = field(default_factory=dict)  # vit: image side -> patch side
@@ -76,6 +78,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
     "qwen3_moe": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=24, kv_heads=2, experts=4, experts_per_token=2))),
                   "demo": Preset(**(_DEMO_LM | dict(d_mlp=128, kv_heads=2, experts=4, experts_per_token=2))),
                   "small": Preset(**(_SMALL_LM | dict(d_mlp=256, kv_heads=2, experts=8, experts_per_token=2)))},
+    "qwen2_moe": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=24, kv_heads=2, experts=4, experts_per_token=2))),
+                  "demo": Preset(**(_DEMO_LM | dict(d_mlp=128, kv_heads=2, experts=4, experts_per_token=2))),
+                  "small": Preset(**(_SMALL_LM | dict(d_mlp=256, kv_heads=2, experts=8, experts_per_token=2)))},
     "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
     "olmo2": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
@@ -105,7 +110,7 @@ def get_preset(arch: str, name: str) -> Preset:
 
 
 #: the architectures with grouped-query attention (`--kv-heads`)
-GQA = ("llama", "qwen3", "qwen3_moe", "gemma3", "phi3")
+GQA = ("llama", "qwen3", "qwen3_moe", "qwen2_moe", "gemma3", "phi3")
 #: the preset fields `symmerge train` may override (`--d-model`, `--layers`, `--heads`, `--kv-heads`, `--d-mlp`)
 SHAPE_FIELDS = ("d_model", "layers", "heads", "kv_heads", "d_mlp")
 #: GPT-NeoX's architecture switches `symmerge train` may override (`--rotary-pct`, `--parallel-residual`)
@@ -135,7 +140,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
         raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
                             "positive number of dimensions; change --rotary-pct, --d-model or --heads")
-    if arch in ("llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "phi3") and head % 2:
+    if arch in ("llama", "qwen3", "qwen3_moe", "qwen2_moe", "olmo", "olmo2", "gemma3", "phi3") and head % 2:
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
@@ -172,6 +177,15 @@ def lm_config(arch: str, p: Preset, vocab_size: int, bos: int, eos: int):
                                 num_experts_per_tok=p.experts_per_token, norm_topk_prob=True, decoder_sparse_step=1,
                                 mlp_only_layers=[], output_router_logits=False, max_position_embeddings=p.context,
                                 tie_word_embeddings=False, pad_token_id=None, **common)
+    if arch == "qwen2_moe":  # Qwen3-MoE's mixture with Qwen2's attention (q, k, v biases) and a shared expert of twice an
+        # expert's width that every token takes, gated by a sigmoid of one more reader of the stream
+        return T.Qwen2MoeConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
+                                num_key_value_heads=p.kv_heads or p.heads, intermediate_size=p.d_mlp,
+                                moe_intermediate_size=p.d_mlp, shared_expert_intermediate_size=2 * p.d_mlp,
+                                num_experts=p.experts, num_experts_per_tok=p.experts_per_token, norm_topk_prob=True,
+                                decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
+                                use_sliding_window=False, max_position_embeddings=p.context, tie_word_embeddings=False,
+                                pad_token_id=None, **common)
     if arch == "olmo":
         return T.OlmoConfig(hidden_size=p.d_model, num_hidden_layers=p.layers, num_attention_heads=p.heads,
                             intermediate_size=p.d_mlp, max_position_embeddings=p.context, tie_word_embeddings=False,
