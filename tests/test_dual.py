@@ -106,7 +106,7 @@ def test_dual_learner_runs_the_relative_path_with_the_two_sided_loss_and_gradien
             t.grad = None
         loss = learner.loss(batch, 0.4)
         loss.backward()
-        return float(loss), {k: None if t.grad is None else t.grad.clone() for k, t in params.items()}
+        return float(loss.detach()), {k: None if t.grad is None else t.grad.clone() for k, t in params.items()}
 
     relative = run()
     learner.relative = False
