@@ -40,8 +40,9 @@ def adapter_for(config) -> Adapter:
     """The adapter of `config`'s first architecture; a config that names none (some hand-written or old
     checkpoints) is read by its `model_type` through transformers' auto mappings."""
     named = class_names(config)
-    archs = named if getattr(config, "architectures", None) else [c for c in named if c in ADAPTERS or c in BROKEN]
-    arch = (archs or [config.model_type])[0]
+    if not getattr(config, "architectures", None):  # by model_type: the first of its classes symmerge knows
+        named = [c for c in named if c in ADAPTERS or c in BROKEN]
+    arch = (named or [config.model_type])[0]
     if arch in BROKEN:
         raise SymmergeError(f"{arch} is not supported: {BROKEN[arch]}. Supported: {', '.join(supported())}")
     if arch not in ADAPTERS:

@@ -215,7 +215,7 @@ class Adapter:
         return params
 
 
-def classes_of(model_type: str) -> list[str]:
+def _classes_of(model_type: str) -> list[str]:
     """The model classes stock `transformers` pairs with `model_type` (its auto mappings are the one
     home of that fact): the causal-LM head first, then image classification, then masked LM."""
     from transformers.models.auto import modeling_auto as auto
@@ -230,7 +230,7 @@ def class_names(config) -> list[str]:
     or old checkpoints) the classes transformers' auto mappings pair with its `model_type`. An adapter that serves
     several classes reads which one from here, so that a config without `architectures` is read (and written back)
     as its own class, not as the adapter's first."""
-    return list(getattr(config, "architectures", None) or []) or classes_of(config.model_type)
+    return list(getattr(config, "architectures", None) or []) or _classes_of(config.model_type)
 
 
 def _hf_class(name: str):
