@@ -237,11 +237,13 @@ _FIGURES = [
                    for r in RARER),
                  *(_token(k, COMMON, "aligned / plain") for k in ("gpt2-char-demo", "gpt2-wiki-char-demo"))),
            command="benchmarks/barrier_by_token.py", page=LIMITATIONS),
-    Figure("limitations-families", P("the default leaves {} of plain\n  averaging's barrier on Phi-3 (Llama's group) "
-                                     "and {} on Qwen3"), "benchmark",
+    Figure("limitations-families", P("the default leaves {} of plain\n  averaging's barrier on Phi-3 (Llama's group), "
+                                     "{} on Qwen3"), "benchmark",
            refs=(_dual("phi3-char-demo"), _dual("qwen3-char-demo")), command="benchmarks/default_dual.py NAME",
            page=LIMITATIONS),
-    Figure("limitations-families-post-norm", P("the signed permutations, it leaves {} and {} (records"), "benchmark",
+    Figure("limitations-families-moe", P("and {} on Qwen3-MoE (Qwen3's attention, four experts)"), "benchmark",
+           refs=(_dual("qwen3moe-char-demo"),), command="benchmarks/default_dual.py qwen3moe-char-demo", page=LIMITATIONS),
+    Figure("limitations-families-post-norm", P("the signed permutations, it leaves {} and\n  {} (records"), "benchmark",
            refs=(_dual("olmo2-char-demo"), _dual("gemma3-char-demo")), command="benchmarks/default_dual.py NAME",
            page=LIMITATIONS),
     Figure("limitations-unseen-epochs16", P("sixteen epochs on the Llama-style pair leave {} where twelve leave {}"),
