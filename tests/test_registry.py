@@ -200,8 +200,8 @@ def test_a_folder_without_architectures_is_read_and_written_as_its_own_class(tmp
     try:
         wrong = stock_logits(dataclasses.replace(model, shape=dataclasses.replace(model.shape, hf_class=other)),
                              model.params, inputs)
-    except Exception:  # the first class cannot even take these tensors: as good a control
-        return
+    except (SymmergeError, AttributeError, KeyError):  # the other class cannot even take these tensors or this config
+        return  # (Qwen2's biases, Gemma 3's QK-norm weights, Mistral's and Gemma 3's config keys): as good a control
     assert (wrong - reference).abs().max() > 100 * tol
 
 

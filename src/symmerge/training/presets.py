@@ -66,30 +66,24 @@ _SMALL_LM = dict(d_model=256, layers=6, heads=4, d_mlp=1024, context=256, batch_
 _DEMO_LM = dict(d_model=128, layers=3, heads=4, d_mlp=512, context=64, batch_size=16, steps=600, lr=3e-3, warmup=30,
                 save_every=200)
 
+
+#: gated MLPs of width ~ 8/3 d (rounded to a multiple of 8) with GQA (2 KV heads) and without, and mixtures of
+#: experts: one table each, shared by the architectures of that shape
+_GATED_GQA = {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
+              "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
+              "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))}
+_GATED_MHA = {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
+              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))}
+_MOE = {"tiny": Preset(**(_TINY_LM | dict(d_mlp=24, kv_heads=2, experts=4, experts_per_token=2))),
+        "demo": Preset(**(_DEMO_LM | dict(d_mlp=128, kv_heads=2, experts=4, experts_per_token=2))),
+        "small": Preset(**(_SMALL_LM | dict(d_mlp=256, kv_heads=2, experts=8, experts_per_token=2)))}
+
 PRESETS: dict[str, dict[str, Preset]] = {
     "gpt2": {"tiny": Preset(**_TINY_LM), "demo": Preset(**_DEMO_LM), "small": Preset(**_SMALL_LM)},
     "neox": {"tiny": Preset(**_TINY_LM), "demo": Preset(**_DEMO_LM), "small": Preset(**_SMALL_LM)},
-    "llama": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
-              "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
-              "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
-    "qwen3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
-              "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
-              "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
-    "qwen3_moe": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=24, kv_heads=2, experts=4, experts_per_token=2))),
-                  "demo": Preset(**(_DEMO_LM | dict(d_mlp=128, kv_heads=2, experts=4, experts_per_token=2))),
-                  "small": Preset(**(_SMALL_LM | dict(d_mlp=256, kv_heads=2, experts=8, experts_per_token=2)))},
-    "qwen2_moe": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=24, kv_heads=2, experts=4, experts_per_token=2))),
-                  "demo": Preset(**(_DEMO_LM | dict(d_mlp=128, kv_heads=2, experts=4, experts_per_token=2))),
-                  "small": Preset(**(_SMALL_LM | dict(d_mlp=256, kv_heads=2, experts=8, experts_per_token=2)))},
-    "olmo": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
-             "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
-    "olmo2": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
-              "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
-    "gemma3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48, kv_heads=2))),
-               "demo": Preset(**(_DEMO_LM | dict(d_mlp=344, kv_heads=2))),
-               "small": Preset(**(_SMALL_LM | dict(d_mlp=688, kv_heads=2)))},
-    "phi3": {"tiny": Preset(**(_TINY_LM | dict(d_mlp=48))), "demo": Preset(**(_DEMO_LM | dict(d_mlp=344))),
-             "small": Preset(**(_SMALL_LM | dict(d_mlp=688)))},
+    "llama": _GATED_GQA, "qwen3": _GATED_GQA, "gemma3": _GATED_GQA,
+    "olmo": _GATED_MHA, "olmo2": _GATED_MHA, "phi3": _GATED_MHA,
+    "qwen3_moe": _MOE, "qwen2_moe": _MOE,
     "vit": {
         "demo": Preset(d_model=128, layers=2, heads=4, d_mlp=256, patch={28: 7, 8: 4}, batch_size=64, steps=400,
                        lr=2e-3, warmup=20, save_every=200),
@@ -140,7 +134,7 @@ def reshaped(arch: str, p: Preset, shape: dict | None) -> Preset:
     if arch == "neox" and not (0 < q.rotary_pct <= 1 and rotary == int(rotary) and int(rotary) % 2 == 0):
         raise SymmergeError(f"GPT-NeoX's rotary fraction {q.rotary_pct} of a head width {head} is not an even, "
                             "positive number of dimensions; change --rotary-pct, --d-model or --heads")
-    if arch in ("llama", "qwen3", "qwen3_moe", "qwen2_moe", "olmo", "olmo2", "gemma3", "phi3") and head % 2:
+    if arch not in ("gpt2", "neox", "vit") and head % 2:  # RoPE on the whole head (NeoX's fraction: checked above)
         raise SymmergeError(f"RoPE needs an even head width, got {head}")
     if q.kv_heads is not None and (q.kv_heads > q.heads or q.heads % q.kv_heads):
         raise SymmergeError(f"{q.heads} heads cannot be shared among {q.kv_heads} KV heads; --heads must be a "
