@@ -150,6 +150,16 @@ _FIGURES = [
                  _width_vit("weight matching from the dual element: ov_map"),
                  _width_vit("weight matching from the dual element: residual_rotation")),
            command="benchmarks/width_weight_diagnosis.py", page=LIMITATIONS),
+    Figure("limitations-width-control", P("keep {} of plain averaging's barrier after weight matching at "
+                                          "their\n  own width and {} when both are "
+                                          "first expanded into the wide config (padded "
+                                          "units and head dimensions, the\n  expansion's reader and writer scales), where "
+                                          "seed 0 into a model trained at that width keeps {}"), "benchmark",
+           refs=tuple(Ref("width_weight_control", "mnist-vit-demo-seed0 and mnist-vit-demo-seed1 into mnist-vit-wide-seed1",
+                          row, "weight / identity") for row in ("mnist-vit-demo-seed0 and mnist-vit-demo-seed1 |",
+                                                                "mnist-vit-demo-seed0 and mnist-vit-demo-seed1, both",
+                                                                "mnist-vit-demo-seed0 into")),
+           command="benchmarks/width_weight_control.py", page=LIMITATIONS),
     Figure("limitations-width-spread", P("narrow seeds 1, 2 and 3 of the same recipe into the same wide model leave {}, "
                                          "{} and {} of the bare expansion's barrier, and weight matching of seed 0 from six "
                                          "random starting elements ends at lower objectives with barriers from {} to {} times"),

@@ -70,8 +70,11 @@ PAIRS: dict[str, tuple[str, str, tuple[int, ...]]] = {
                             "--seed {seed}", (0, 1)),
     "qwen3-char-demo": ("ts-char-qwen3-demo-seed{seed}", "--arch qwen3 " + DEMO_LM + " --seed {seed}", (0, 1)),
     "qwen3moe-char-demo": ("ts-char-qwen3moe-demo-seed{seed}", "--arch qwen3_moe " + DEMO_LM + " --seed {seed}", (0, 1)),
+    "qwen2moe-char-demo": ("ts-char-qwen2moe-demo-seed{seed}", "--arch qwen2_moe " + DEMO_LM + " --seed {seed}",
+                           (0, 1)),
     "gemma3-char-demo": ("ts-char-gemma3-demo-seed{seed}", "--arch gemma3 " + DEMO_LM + " --seed {seed}", (0, 1)),
     "phi3-char-demo": ("ts-char-phi3-demo-seed{seed}", "--arch phi3 " + DEMO_LM + " --seed {seed}", (0, 1)),
+    "olmo-char-demo": ("ts-char-olmo-demo-seed{seed}", "--arch olmo " + DEMO_LM + " --seed {seed}", (0, 1)),
     "olmo2-char-demo": ("ts-char-olmo2-demo-seed{seed}", "--arch olmo2 " + DEMO_LM + " --seed {seed}", (0, 1)),
     "neox-char-demo": ("ts-char-neox-demo-seed{seed}", "--arch neox " + DEMO_LM + " --seed {seed}", (0, 1)),
     "neox-rot100-char-demo": ("ts-char-neox-rot100-demo-seed{seed}", "--arch neox " + DEMO_LM + " --rotary-pct 1.0 "
