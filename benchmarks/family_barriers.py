@@ -1,8 +1,9 @@
-"""Plain, weight-matching and dual barriers of one pair per model family (Qwen3, Qwen3-MoE, Phi-3, OLMo-2, Gemma 3),
+"""Plain, weight-matching and dual barriers of one pair per model family (Qwen3, Qwen3-MoE, Qwen2-MoE, Phi-3, OLMo-2,
+Gemma 3),
 through the command line.
 
 For each name of `pairs.py` (train them first: `python benchmarks/pairs.py qwen3-char-demo qwen3moe-char-demo`, and
-`phi3-char-demo olmo2-char-demo gemma3-char-demo`),
+`qwen2moe-char-demo phi3-char-demo olmo2-char-demo gemma3-char-demo`),
 the models of seeds 0 and 1 are compared by `symmerge barrier` (11 points, the test split, 16 batches of 16
 windows of 64 characters): averaged as they are, after `symmerge align --method weight` (every family but the
 residual scale), and after `symmerge align --method dual` (the discrete choices from weight matching, the
