@@ -139,7 +139,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(pair, 
 
 def test_best_state_kept_and_early_stopping(pair):
     a, b = pair
-    cfg = quick(steps=30, lr=0.3, eval_every=2, patience=2, seed=1)
+    cfg = quick(steps=30, lr=0.1, eval_every=2, patience=2, seed=1)  # a third of a rate whose backward can overflow
     result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), cfg)
     rep = result.report
     assert rep["stopped_early"] and rep["steps"] < 30
@@ -150,6 +150,25 @@ def test_best_state_kept_and_early_stopping(pair):
     learner = Learner(a, b, LearnConfig(groups=["head_perm"]), result.elements["B"])
     curve = learner.curve(lm_batches(1, 1), [0.0, 0.5, 1.0])
     assert curve[1] == pytest.approx(rep["losses_after"][1], abs=1e-6)
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_stops_the_run_before_its_step(pair, monkeypatch):
+    """The loss is finite but its backward is not (0 * sqrt'(0) = NaN at the fifth step): the run stops as
+    diverged at that step and returns its best state, all finite; stepping on it would make every element NaN."""
+    from symmerge.match.learner import Learner as L
+
+    calls, real = [0], L.loss
+
+    def overflowing(self, batch, mix):
+        loss = real(self, batch, mix)
+        calls[0] += 1
+        return loss + 0.0 * torch.sqrt(loss - loss.detach()) if calls[0] == 5 else loss
+
+    monkeypatch.setattr(L, "loss", overflowing)
+    a, b = pair
+    result = learn(a, b, lm_batches(3, 0), lm_batches(1, 1), quick(steps=30, lr=0.1, eval_every=2, patience=100, seed=1))
+    assert result.report["diverged"] and result.report["steps"] == 4
+    assert all(torch.isfinite(v).all() for v in result.elements["B"].values() if torch.is_tensor(v))
 
 
 def test_best_state_breaks_ties_below_the_line(pair):

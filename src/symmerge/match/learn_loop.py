@@ -59,6 +59,13 @@ def _cosine_lr(lr: float, step: int, total: int) -> float:
 RESTART = 0.1
 
 
+def finite_gradients(params: list[torch.Tensor]) -> bool:
+    """Whether every gradient of `params` is finite: a finite loss can still overflow in its backward, and one
+    Adam step on a NaN gradient makes every later element NaN (the same on every process: gradients are summed
+    before this is asked)."""
+    return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+
+
 def scheduled_lr(lr: float, step: int, planned: int, chunk: int) -> float:
     """The rate of `step`: cosine decay over the `planned` steps, then, for the steps learned on past
     them, a cosine cycle per `chunk` steps from lr * RESTART."""
@@ -194,7 +201,7 @@ class Run:
             loss = loss * self.group.share(batch)
         loss.backward()
         total, self.stop = self.group.sync(self.params, loss, stop)
-        if not math.isfinite(total):  # keep the best state and stop rather than step into NaN
+        if not (math.isfinite(total) and finite_gradients(self.params)):  # keep the best state, never step into NaN
             self.meta["diverged"] = True
             return float("nan")
         self.opt.step()
@@ -218,7 +225,7 @@ class Run:
                 loss = self.train_step(m["step"], stop.set)
                 if m["diverged"]:
                     if self.group.main:
-                        tqdm.write(f"{cfg.method} matching: the loss is not finite at step {m['step']}; "
+                        tqdm.write(f"{cfg.method} matching: the loss or its gradient is not finite at step {m['step']}; "
                                    "keeping the best state (lower --lr)")
                     break
                 m["step"] += 1
