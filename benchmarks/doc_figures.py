@@ -254,6 +254,8 @@ _FIGURES = [
     Figure("limitations-families-moe", P("{} on Qwen3-MoE (Qwen3's attention, four experts) and {} on Qwen2-MoE"),
            "benchmark", refs=(_dual("qwen3moe-char-demo"), _dual("qwen2moe-char-demo")),
            command="benchmarks/default_dual.py qwen3moe-char-demo qwen2moe-char-demo", page=LIMITATIONS),
+    Figure("limitations-families-olmo", P("and {} on OLMo (LayerNorm without weights"), "benchmark",
+           refs=(_dual("olmo-char-demo"),), command="benchmarks/default_dual.py olmo-char-demo", page=LIMITATIONS),
     Figure("limitations-families-post-norm", P("the signed permutations, it leaves {} and\n  {} (records"), "benchmark",
            refs=(_dual("olmo2-char-demo"), _dual("gemma3-char-demo")), command="benchmarks/default_dual.py NAME",
            page=LIMITATIONS),
