@@ -48,9 +48,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     test = load_batches(args.wide, args.data, "test", batch_size=args.batch_size, max_batches=args.max_batches)
     n1, n2 = Path(args.narrow).name, Path(args.narrow2).name
-    wide, expanded = widest(load_model(args.wide), load_model(args.narrow), "WIDE", "NARROW")
-    _, expanded2 = widest(load_model(args.wide), load_model(args.narrow2), "WIDE", "NARROW2")
-    pairs = [(f"{n1} and {n2}", load_model(args.narrow), load_model(args.narrow2)),
+    wide, narrow, narrow2 = load_model(args.wide), load_model(args.narrow), load_model(args.narrow2)
+    expanded, expanded2 = widest(wide, narrow, "WIDE", "NARROW")[1], widest(wide, narrow2, "WIDE", "NARROW2")[1]
+    pairs = [(f"{n1} and {n2}", narrow, narrow2),
              (f"{n1} and {n2}, both expanded into {Path(args.wide).name}'s config", expanded, expanded2),
              (f"{n1} into {Path(args.wide).name}", expanded, wide)]
     rows = []

@@ -63,7 +63,8 @@ def finite_gradients(params: list[torch.Tensor]) -> bool:
     """Whether every gradient of `params` is finite: a finite loss can still overflow in its backward, and one
     Adam step on a NaN gradient makes every later element NaN (the same on every process: gradients are summed
     before this is asked)."""
-    return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+    grads = [p.grad for p in params if p.grad is not None]
+    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())  # one host sync per step
 
 
 def scheduled_lr(lr: float, step: int, planned: int, chunk: int) -> float:
