@@ -187,13 +187,19 @@ def _qwen3_moe_every_other(tmp_path):
     """A Qwen3-MoE whose decoder_sparse_step (2) makes layer 0 dense (an MLP of width 40) and layer 1 a mixture."""
     config = make_config("qwen3_moe")
     config.decoder_sparse_step = 2
+    hf = _saved_stock(T.Qwen3MoeForCausalLM, config, tmp_path / "m")
+    return load_model(tmp_path / "m"), logits(hf, example_inputs("qwen3_moe"))
+
+
+def _saved_stock(cls, config, folder):
+    """A tiny float64 stock `cls` of `config` (norm weights about 1, larger weights), saved in `folder`; in eval mode."""
     torch.manual_seed(0)
-    hf = T.Qwen3MoeForCausalLM(config).to(torch.float64)
+    hf = cls(config).to(torch.float64)
     with torch.no_grad():
         for name, p in hf.named_parameters():
             p.copy_(1 + 0.5 * torch.randn_like(p)) if "norm" in name else p.mul_(3.0)
-    hf.save_pretrained(tmp_path / "m")
-    return load_model(tmp_path / "m"), logits(hf.eval(), example_inputs("qwen3_moe"))
+    hf.save_pretrained(folder)
+    return hf.eval()
 
 
 def test_dense_layers_of_a_mixture(tmp_path):
@@ -217,3 +223,24 @@ def test_dense_layers_of_a_mixture(tmp_path):
     assert adapter_for(only).shape(only).dense_layers == (1,)
     only.num_experts = 0  # no mixture anywhere: Qwen3's dense MLPs, of width intermediate_size
     assert (adapter_for(only).shape(only).n_experts, adapter_for(only).shape(only).d_mlp) == (0, 40)
+
+
+def test_an_empty_shared_expert_is_written_as_stock_stores_it(tmp_path):
+    """Qwen2-MoE with `shared_expert_intermediate_size=0`: the stock mixture still holds a shared expert (empty
+    projections, a gate whose output multiplies nothing). It has no group; a moved copy is written with the empty
+    tensors a stock checkpoint stores, loads strictly in the stock class, and computes the source's function."""
+    config = make_config("qwen2_moe")
+    config.shared_expert_intermediate_size = 0
+    hf = _saved_stock(T.Qwen2MoeForCausalLM, config, tmp_path / "m")
+    x = example_inputs("qwen2_moe")
+    ref = logits(hf, x)
+    model = load_model(tmp_path / "m")
+    assert model.shape.d_shared == 0 and not any("shared" in k for k in model.params)
+    assert cli.main(["transform", str(tmp_path / "m"), "-o", str(tmp_path / "t"), "--seed", "3"]) == 0
+    moved = T.Qwen2MoeForCausalLM.from_pretrained(tmp_path / "t", experts_implementation="eager").eval()
+    assert moved.model.layers[0].mlp.shared_expert.down_proj.weight.shape == (32, 0)
+    assert rel_distance(load_model(tmp_path / "t").params, model.params) > 0.5
+    assert_same_function(logits(moved, x), ref, dtype=torch.float32, what="moved, empty shared expert")
+    shuffled = {k: (v.flip(0) if k.endswith("mlp.gate.weight") else v) for k, v in moved.state_dict().items()}
+    moved.load_state_dict(shuffled)
+    assert_different_function(logits(moved, x), ref, dtype=torch.float32, what="the router's rows reversed")

@@ -66,6 +66,10 @@ class MixtureOfExperts:
     expert_parts = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
     #: the config keys of the number of experts and of each expert's width
     n_experts_key, d_mlp_key = "num_experts", "intermediate_size"
+    #: whether the stock mixture holds a shared expert (`SHARED`) in every sparse layer, whatever its width: at width
+    #: 0 (`shared_expert_intermediate_size=0`) its projections are empty and it adds nothing, but a stock checkpoint
+    #: still stores them
+    shared_expert = False
 
     def shape(self, c) -> ModelShape:
         return dataclasses.replace(super().shape(c), n_experts=getattr(c, self.n_experts_key),
@@ -89,6 +93,11 @@ class MixtureOfExperts:
             return super().mlp_from_canonical(params, s, i)
         hf, p = f"model.layers.{i}", f"blocks.{i}.moe"
         shared = {f"{hf}.mlp.{n}.weight": params[f"{p}.{c}"] for c, n in SHARED.items()} if s.d_shared else {}
+        if self.shared_expert and not s.d_shared:  # the empty shared expert: zero-width projections, a zero gate
+            like = params[f"{p}.W_router"]
+            shared = {f"{hf}.mlp.{n}.weight": like.new_zeros((1, s.d_model) if c == "W_shared_router" else
+                                                             (s.d_model, 0) if c == "W_shared_out" else (0, s.d_model))
+                      for c, n in SHARED.items()}
         return shared | {f"{hf}.mlp.gate.weight": params[f"{p}.W_router"],
                          f"{hf}.mlp.experts.gate_up_proj": torch.cat([params[f"{p}.W_gate"], params[f"{p}.W_in"]], dim=1),
                          f"{hf}.mlp.experts.down_proj": params[f"{p}.W_out"]}
@@ -133,6 +142,7 @@ class Qwen2MoeAdapter(MixtureOfExperts, LlamaAdapter):
 
     name = "qwen2_moe"
     hf_classes = ("Qwen2MoeForCausalLM",)
+    shared_expert = True
     d_mlp_key = "moe_intermediate_size"
     function_keys = (*LlamaAdapter.function_keys, "norm_topk_prob")
 
