@@ -85,3 +85,18 @@ def test_align_and_merge_take_the_start(command):
     plain = build_parser().parse_args([*head, "-o", "o", "--method", "dual", "--data", "d"])
     assert options_of(given, "dual").resolved()["start_from"] == "activation"
     assert options_of(plain, "dual").resolved()["start_from"] == "weight"
+
+
+@pytest.mark.parametrize("method", ["learned", "dual"])
+def test_every_group_starts_without_the_residual_scale_fit(pair, method):
+    """`--groups all`: the learners start from weight matching over every family but the residual scale (which
+    weight matching alone fits far from 1 here: the control), with the scale at the identity, and then learn it."""
+    a, b = pair
+    data = _data()
+    fitted = registry.align("weight", a, b, None, data, {})
+    assert abs(float(fitted.elements["B"]["residual.scale"]) - 1) > 0.2
+    without = registry.align("weight", a, b, [f for f in b.spec.families() if f != "residual_scale"], data, {})
+    got = registry.align(method, a, b, None, data, {"recipe": "quick", "steps": 0})
+    assert _same(got.start.elements["B"], without.elements["B"]) and float(got.start.elements["B"]["residual.scale"]) == 1
+    learned = registry.align(method, a, b, None, data, {"recipe": "quick", "steps": 3})
+    assert any(abs(float(g["residual.scale"]) - 1) > 1e-6 for g in learned.elements.values())

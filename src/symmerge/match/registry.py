@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from ..algebra.elements import identity_element
+from ..algebra.families import RESIDUAL_SCALE
 from ..errors import SymmergeError
 from .options import (
     ActivationOptions,
@@ -88,6 +89,9 @@ class Matcher:
     places: bool = False  # runs its large products where runtime `device` says (weight matching; no `dtype`)
     casts: bool = False  # runs its forward where runtime `device` says, in runtime `dtype` (None: in --precision)
     many: Callable | None = None  # many(sources, weights, families, data, opts, **runtime) -> ManyAlignment
+    # families its start runs without though the run learns them (from the identity, or for many models the
+    # start's scale gauge); see `start_families`
+    start_without: tuple[str, ...] = ()
 
     @property
     def starts_from(self) -> str | None:
@@ -98,6 +102,16 @@ class Matcher:
     def start_of(self, opts: dict) -> str | None:
         """The matcher it starts from with resolved options `opts`."""
         return (opts.get("start_from") or self.starts_from) if self.starts_from else None
+
+    def start_families(self, model, families: list[str] | None) -> list[str] | None:
+        """The families its start matches for a run over `families` (None: every group): those less
+        `start_without`. The learners leave the residual scale out of their start and learn it from there (the
+        identity; for many models the start's eps gauge, `many.scale_gauge`): weight matching fits it to B's
+        writers, towards zero where the two models' writers are weakly correlated, and a start there gives B's
+        writers almost no weight at the midpoint (docs/guides/two-models.md)."""
+        if not any(f in self.start_without for f in every_family(model, families)):
+            return families
+        return [f for f in every_family(model, families) if f not in self.start_without]
 
 
 def _from_match(method: str, res, start=None) -> Alignment:
@@ -219,10 +233,10 @@ MATCHERS = {m.name: m for m in (
             ActivationOptions, streams=True, casts=True, holds_out=_activation_holds_out, many=_run_activation_many),
     Matcher("learned", "learned matching", "B learned", True,
             partial(_run_learned, "learned"), LearnedOptions, validates=True, forward=True,
-            many=partial(_run_learned_many, "learned")),
+            many=partial(_run_learned_many, "learned"), start_without=(RESIDUAL_SCALE,)),
     Matcher("dual", "dual learned matching", "A and B learned", True,
             partial(_run_learned, "dual"), DualOptions, validates=True, forward=True,
-            many=partial(_run_learned_many, "dual")),
+            many=partial(_run_learned_many, "dual"), start_without=(RESIDUAL_SCALE,)),
 )}
 
 
@@ -259,7 +273,8 @@ def align(name: str, a, b, families: list[str] | None, data: Data | None = None,
     first = m.start_of(opts)
     if first and start is None:
         on = {"device": runtime["device"]} if get(first).casts and "device" in runtime else {}
-        start = align(first, a, b, families, data, opts, progress=runtime.get("progress", False), **on)
+        start = align(first, a, b, m.start_families(b, families), data, opts, progress=runtime.get("progress", False),
+                      **on)
     return m.run(a, b, families, data, opts, start, **runtime)
 
 
@@ -289,5 +304,6 @@ def align_many(name: str, sources: list, weights: list[float], families: list[st
                             f"{' and validation' if m.validates else ''} batches")
     first = m.start_of(opts)
     if first and start is None:
-        start = align_many(first, sources, weights, families, data, opts, progress=runtime.get("progress", False))
+        start = align_many(first, sources, weights, m.start_families(sources[0], families), data, opts,
+                           progress=runtime.get("progress", False))
     return m.many(sources, weights, families, data, opts, start=start, **runtime)
