@@ -187,6 +187,12 @@ _FIGURES = [
     Figure("two-models-blocks-best", P("(mean {} against {}); on the first ViT pair its choice on eight validation "
                                        "batches missed the lowest candidate ({})."), "benchmark",
            refs=(_mean(BEST), _mean(WEIGHT), _activation(VIT01, GIVEN_ROTATION)), command=ACT_DIAG, page=TWO_MODELS),
+    Figure("limitations-rotary-trainings", P("it leaves {} (Llama; plain\n  averaging's barrier {}) and {} (NeoX, "
+                                             "where the earlier training's default left {};"), "benchmark",
+           refs=(_dual("llama-char-demo-training3"),
+                 Ref("default_dual", "llama-char-demo-training3", "llama-char-demo-training3", "plain"),
+                 _dual("neox-rot100-char-demo-training2"), _dual("neox-rot100-char-demo")),
+           command="benchmarks/pairs.py NAME; benchmarks/default_dual.py NAME", page=LIMITATIONS),
     Figure("limitations-rotary-retrained", P("retraining of the Llama demo pair (plain averaging's barrier {} where the first "
                                              "training's is {}) it\n  leaves {}, and eight epochs instead of the default's twelve {};"),
            "benchmark", refs=(Ref("default_dual", "llama-char-demo-retrained", "llama-char-demo-retrained", "plain"),
