@@ -386,5 +386,5 @@ NOT_FIGURES = not_figures({
 }, page="docs/guides/distributed.md") + not_figures({
     "a requirement (Python's version)": ("Python 3.11 or later",),
 }, page="docs/getting-started.md") + not_figures({
-    "names (Phi's model versions)": ("GPT-2, GPT-NeoX, Phi-1/1.5/2, ViT", "## Phi-1, 1.5 and 2"),
+    "names (Phi's model versions)": ("GPT-2, GPT-NeoX, Phi-1/1.5/2, StarCoder2", "## Phi-1, 1.5 and 2"),
 }, page="docs/concepts/restrictions.md")

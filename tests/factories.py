@@ -146,6 +146,18 @@ def _configs() -> dict:
                                              max_position_embeddings=32, query_pre_attn_scalar=10, sliding_window=5,
                                              layer_types=["sliding_attention", "full_attention"], rms_norm_eps=1e-2,
                                              bos_token_id=0, eos_token_id=0, pad_token_id=None),
+        # StarCoder2: two LayerNorms in sequence, biases everywhere, GQA, RoPE on the whole head, a sliding window of
+        # 5 tokens, tied
+        "starcoder2": lambda: T.Starcoder2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, intermediate_size=40, vocab_size=61,
+                                                 max_position_embeddings=32, sliding_window=5, bos_token_id=0,
+                                                 eos_token_id=0, pad_token_id=None),
+        # StarCoder2 without biases (`use_bias=False`: the folded LayerNorm biases need them back), untied
+        "starcoder2_nobias": lambda: T.Starcoder2Config(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                                        num_key_value_heads=1, intermediate_size=40, vocab_size=61,
+                                                        max_position_embeddings=32, use_bias=False,
+                                                        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                                                        pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -174,7 +186,7 @@ def make_config(arch: str):
                              "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                             "qwen3_moe": "Qwen3MoeForCausalLM",
+                             "qwen3_moe": "Qwen3MoeForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

@@ -45,9 +45,10 @@ def neox_buffers_optional(monkeypatch):
     monkeypatch.setitem(NAME_TO_ARCH, "GPTNeoXForCausalLM", [_load_architecture_json(json.dumps(data))])
 
 
-# mergekit has a definition of the first five classes and infers the layout of the rest
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi", "granite", "ministral3", "olmo3", "qwen2_moe",
-                                  "seed_oss", "exaone4", "olmoe"])
+# mergekit has a definition of the first six classes and infers the layout of the rest (its StarCoder2 definition
+# requires the biases: a `use_bias=False` checkpoint is refused by mergekit itself)
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi", "granite", "starcoder2", "ministral3", "olmo3",
+                                  "qwen2_moe", "seed_oss", "exaone4", "olmoe"])
 def test_mergekit_linear_is_interpolate(tmp_path, arch, neox_buffers_optional):
     a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
     make_model(arch, seed=0, dtype=torch.float32).save_pretrained(a)

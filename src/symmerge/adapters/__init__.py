@@ -16,12 +16,13 @@ from .olmo2 import Exaone4Adapter, Olmo2Adapter, Olmo3Adapter
 from .phi import PhiAdapter
 from .phi3 import Phi3Adapter
 from .qwen3 import Qwen3Adapter
+from .starcoder2 import Starcoder2Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
 for _a in (Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(), LlamaAdapter(),
            MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(),
-           Qwen2MoeAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), ViTAdapter()):
+           Qwen2MoeAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), Starcoder2Adapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 
