@@ -16,7 +16,9 @@
 # 7B: 2 x 13.5 GB, written in a step of its own). Each step has its own timeout (STEP_S seconds each, printed); a step stopped by it still
 # leaves what it printed (the weight sweeps log every part read with its time and RSS). Results: one file per
 # step under $OUT (default ./gpu_check_out), and $OUT/summary.txt (each step's exit status, seconds and result
-# lines). Run from the repository root with the venv's python first on PATH (or PYTHON=...).
+# lines); each benchmark's record goes to $OUT/STEP.json too (record.py's schema), never into benchmarks/results/
+# (a device machine returns $OUT alone; a smoke run must not touch the committed figures). Run from the
+# repository root with the venv's python first on PATH (or PYTHON=...).
 #
 #   bash benchmarks/gpu_check.sh            # on a GPU machine: the figures
 #   bash benchmarks/gpu_check.sh --smoke    # on the CPU at tiny shapes (1 layer, 32 tokens): the script works
@@ -73,17 +75,18 @@ step() {  # step NAME TIMEOUT_S ARGS...: run one measurement, log it, note its s
 }
 
 step dual_160m $T160 "$PY" benchmarks/learned_step_cost.py --shape pythia-160m --method dual --dtype bfloat16 \
-    --recompute block,weights --threads "$THREADS" --device $DEV --spread $SC160
+    --recompute block,weights --threads "$THREADS" --device $DEV --spread $SC160 --results "$OUT/dual_160m.json"
 step dual_1.4b $T14 "$PY" benchmarks/learned_step_cost.py --shape $S14 --method dual --dtype bfloat16 \
-    --recompute block,weights --threads "$THREADS" --device $DEV --spread $SC14
+    --recompute block,weights --threads "$THREADS" --device $DEV --spread $SC14 --results "$OUT/dual_1.4b.json"
 WMDEV=$([ $DEV = cuda ] && echo "--device cuda")
-step wm_1.4b $TW14 "$PY" benchmarks/weight_matching_scale.py $WM14 --folder "$WORK" --threads "$THREADS" $WMDEV
+step wm_1.4b $TW14 "$PY" benchmarks/weight_matching_scale.py $WM14 --folder "$WORK" --threads "$THREADS" $WMDEV \
+    --results "$OUT/wm_1.4b.json"
 step wm_7b_write $TW7W "$PY" benchmarks/weight_matching_scale.py $WM7 --folder "$WORK" --threads "$THREADS" --write-only
 step wm_7b $TW7 "$PY" benchmarks/weight_matching_scale.py $WM7 --folder "$WORK" --threads "$THREADS" \
-    --cost-products bfloat16 $WMDEV
+    --cost-products bfloat16 $WMDEV --results "$OUT/wm_7b.json"
 WDDEV=$([ $DEV = cuda ] && echo "--device cuda")
 WDSHAPE=$([ $SMOKE = 1 ] && echo "pythia-70m" || echo "pythia-410m")
 step wm_devices $TWD "$PY" benchmarks/wm_devices.py --shape $WDSHAPE --layers 2 --folder "$WORK" \
-    --threads "1,$THREADS" $WDDEV --json "$OUT/wm_devices.json"
+    --threads "1,$THREADS" $WDDEV --json "$OUT/wm_devices.json" --results "$OUT/wm_devices.record.json"
 step tests_device $TT "$PY" -m pytest -p no:cacheprovider tests/test_devices.py tests/test_streaming.py
 echo "done $(date -u)" >> "$SUMMARY"
