@@ -107,6 +107,15 @@ def _configs() -> dict:
                                               norm_topk_prob=True, vocab_size=61, max_position_embeddings=32,
                                               rms_norm_eps=1e-2, tie_word_embeddings=True, bos_token_id=0,
                                               eos_token_id=0, pad_token_id=None),
+        # Granite MoE: Granite's four multipliers away from 1 (the logits divided by a half: sharper, so that the
+        # negative controls show), 4 experts (top 2: a softmax over the top-2 logits) stored stacked, GQA, tied
+        "granitemoe": lambda: T.GraniteMoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, intermediate_size=24, num_local_experts=4,
+                                                 num_experts_per_tok=2, vocab_size=61, max_position_embeddings=32,
+                                                 embedding_multiplier=2.0, residual_multiplier=0.9,
+                                                 attention_multiplier=0.6, logits_scaling=0.5,
+                                                 tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+                                                 pad_token_id=None),
         # Qwen2-MoE: 4 experts (top 2, not renormalised) of width 24 and a shared expert of width 20 behind a sigmoid
         # gate, q/k/v biases, GQA, untied
         "qwen2_moe": lambda: T.Qwen2MoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -187,6 +196,7 @@ def make_config(arch: str):
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                              "qwen3_moe": "Qwen3MoeForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+                             "granitemoe": "GraniteMoeForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

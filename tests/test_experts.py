@@ -31,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 STORED_DOWN = {"mixtral": "model.layers.0.block_sparse_moe.experts.3.w2.weight",
                "olmoe": "model.layers.0.mlp.experts.3.down_proj.weight",
                "qwen2_moe": "model.layers.0.mlp.experts.3.down_proj.weight",
-               "qwen3_moe": "model.layers.0.mlp.experts.3.down_proj.weight"}
+               "qwen3_moe": "model.layers.0.mlp.experts.3.down_proj.weight",
+               "granitemoe": "model.layers.0.block_sparse_moe.output_linear.weight"}  # every expert in one tensor
 
 
 @pytest.fixture(scope="module", params=sorted(EXPERTS))
@@ -178,7 +179,9 @@ def test_transform_then_align_recovers_a(moe, tmp_path):
     x = example_inputs(model.shape.arch)
     assert_same_function(hf_c, hf_b, x, what="aligned")
     assert_same_function(logits(hf_c, x), ref, dtype=torch.float32, what="aligned, against A")
-    shuffled = {k: (v.flip(0) if k.endswith("mlp.gate.weight") else v) for k, v in hf_c.state_dict().items()}
+    router = f"{model.adapter.moe}.{model.adapter.router}.weight"  # the class's name of a router's weight
+    shuffled = {k: (v.flip(0) if k.endswith(router) else v) for k, v in hf_c.state_dict().items()}
+    assert sum(k.endswith(router) for k in shuffled) == sum(map(model.shape.experts_in, range(model.shape.n_layers)))
     hf_c.load_state_dict(shuffled)
     assert_different_function(hf_c, hf_b, x, what="the router's rows reversed")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import SymmergeError
 from .base import Adapter, class_names
-from .experts import MixtralAdapter, OlmoeAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter
+from .experts import GraniteMoeAdapter, MixtralAdapter, OlmoeAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter
 from .gemma import GemmaAdapter
 from .gemma1 import Gemma1Adapter
 from .gpt2 import GPT2Adapter
@@ -20,9 +20,10 @@ from .starcoder2 import Starcoder2Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(), LlamaAdapter(),
-           MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(), OlmoeAdapter(), PhiAdapter(), Phi3Adapter(),
-           Qwen2MoeAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), Starcoder2Adapter(), ViTAdapter()):
+for _a in (Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(),
+           GraniteMoeAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(),
+           OlmoeAdapter(), PhiAdapter(), Phi3Adapter(), Qwen2MoeAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(),
+           Starcoder2Adapter(), ViTAdapter()):
     for _c in _a.hf_classes:
         ADAPTERS[_c] = _a
 

@@ -1,6 +1,6 @@
 """Mixtures of experts in the Llama layout: Mixtral (`MixtralForCausalLM`), OLMoE (`OlmoeForCausalLM`), Qwen2-MoE
-(`Qwen2MoeForCausalLM`) and Qwen3-MoE (`Qwen3MoeForCausalLM`), each block's MLP replaced by a sparse mixture of
-experts.
+(`Qwen2MoeForCausalLM`), Qwen3-MoE (`Qwen3MoeForCausalLM`) and Granite MoE (`GraniteMoeForCausalLM`), each block's
+MLP replaced by a sparse mixture of experts.
 
 transformers holds each layer's experts as two stacked tensors, `mlp.experts.gate_up_proj [E, 2 d_mlp, d_model]`
 (the gate's rows, then the up projection's: `gate, up = linear(x, gate_up_proj[e]).chunk(2)`) and
@@ -32,6 +32,7 @@ import torch
 
 from ..algebra.shape import ModelShape
 from .base import HookPoints
+from .granite import GraniteAdapter
 from .llama import DECODER_HOOKS, LlamaAdapter
 from .qwen3 import Qwen3Adapter
 
@@ -66,6 +67,8 @@ class MixtureOfExperts:
     expert_parts = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
     #: the config keys of the number of experts and of each expert's width
     n_experts_key, d_mlp_key = "num_experts", "intermediate_size"
+    #: the mixture's module under `model.layers.{i}` and its router's module under the mixture (the class's own names)
+    moe, router = "mlp", "gate"
     #: whether the stock mixture holds a shared expert (`SHARED`) in every sparse layer, whatever its width: at width
     #: 0 (`shared_expert_intermediate_size=0`) its projections are empty and it adds nothing, but a stock checkpoint
     #: still stores them
@@ -78,11 +81,11 @@ class MixtureOfExperts:
     def mlp_to_canonical(self, get, s, i):
         if not s.experts_in(i):  # a dense layer of a mixture (Qwen3-MoE's mlp_only_layers): the family's MLP
             return super().mlp_to_canonical(get, s, i)
-        hf = f"model.layers.{i}"
+        hf, m = f"model.layers.{i}", f"model.layers.{i}.{self.moe}"
         gamma = self._gamma(get, f"{hf}.post_attention_layernorm")
-        gate_up = get(f"{hf}.mlp.experts.gate_up_proj")  # [E, 2 d_mlp, d]: gate rows, then up rows
-        out = moe_to_canonical(i, get(f"{hf}.mlp.gate.weight"), gate_up[:, : s.d_mlp], gate_up[:, s.d_mlp:],
-                               get(f"{hf}.mlp.experts.down_proj"), gamma)
+        gate_up = get(f"{m}.experts.gate_up_proj")  # [E, 2 d_mlp, d]: gate rows, then up rows
+        out = moe_to_canonical(i, get(f"{m}.{self.router}.weight"), gate_up[:, : s.d_mlp], gate_up[:, s.d_mlp:],
+                               get(f"{m}.experts.down_proj"), gamma)
         if s.d_shared:  # the readers (all but the down projection) take the norm's weight
             out.update({f"blocks.{i}.moe.{c}": get(f"{hf}.mlp.{n}.weight") * (1 if c == "W_shared_out" else gamma)
                         for c, n in SHARED.items()})
@@ -98,9 +101,10 @@ class MixtureOfExperts:
             shared = {f"{hf}.mlp.{n}.weight": like.new_zeros((1, s.d_model) if c == "W_shared_router" else
                                                              (s.d_model, 0) if c == "W_shared_out" else (0, s.d_model))
                       for c, n in SHARED.items()}
-        return shared | {f"{hf}.mlp.gate.weight": params[f"{p}.W_router"],
-                         f"{hf}.mlp.experts.gate_up_proj": torch.cat([params[f"{p}.W_gate"], params[f"{p}.W_in"]], dim=1),
-                         f"{hf}.mlp.experts.down_proj": params[f"{p}.W_out"]}
+        m = f"{hf}.{self.moe}"
+        return shared | {f"{m}.{self.router}.weight": params[f"{p}.W_router"],
+                         f"{m}.experts.gate_up_proj": torch.cat([params[f"{p}.W_gate"], params[f"{p}.W_in"]], dim=1),
+                         f"{m}.experts.down_proj": params[f"{p}.W_out"]}
 
 
 class MixtralAdapter(MixtureOfExperts, LlamaAdapter):
@@ -111,6 +115,25 @@ class MixtralAdapter(MixtureOfExperts, LlamaAdapter):
     expert_parts = {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}
     n_experts_key = "num_local_experts"
     function_keys = ("sliding_window", "router_jitter_noise")
+
+
+class GraniteMoeAdapter(MixtureOfExperts, GraniteAdapter):
+    """Granite's multipliers (`granite.py`) with a mixture of experts under `block_sparse_moe`: its router takes the
+    top k of the logits and a softmax over them (a relabelling moves both alike), and stock checkpoints store every
+    layer's experts stacked, under `input_linear` (gate rows, then up rows), `output_linear` and `router.layer`."""
+
+    name = "granitemoe"
+    hf_classes = ("GraniteMoeForCausalLM",)
+    hooks = dataclasses.replace(DECODER_HOOKS, moe_input="model.layers.{i}.block_sparse_moe")
+    moe, router = "block_sparse_moe", "router"
+    n_experts_key = "num_local_experts"
+    expert_parts = {}  # stored stacked, as the class holds them
+    renames = ((r"\.block_sparse_moe\.input_linear\.weight$", ".block_sparse_moe.experts.gate_up_proj"),
+               (r"\.block_sparse_moe\.output_linear\.weight$", ".block_sparse_moe.experts.down_proj"),
+               (r"\.block_sparse_moe\.router\.layer\.weight$", ".block_sparse_moe.router.weight"))
+    save_renames = ((r"\.block_sparse_moe\.experts\.gate_up_proj$", ".block_sparse_moe.input_linear.weight"),
+                    (r"\.block_sparse_moe\.experts\.down_proj$", ".block_sparse_moe.output_linear.weight"),
+                    (r"\.block_sparse_moe\.router\.weight$", ".block_sparse_moe.router.layer.weight"))
 
 
 class OlmoeAdapter(MixtureOfExperts, LlamaAdapter):
