@@ -17,7 +17,7 @@ from factories import logits
 
 #: `config.model_type`s whose stock forward normalises in float32
 NORM_IN_FP32 = {"llama", "mistral", "ministral3", "granite", "qwen2", "seed_oss", "smollm3", "qwen3", "olmo", "olmo2", "olmo3", "exaone4",
-                "mixtral", "phi3", "olmoe", "granitemoe", "qwen2_moe", "qwen3_moe", "gemma", "gemma2",
+                "mixtral", "phi3", "olmoe", "granitemoe", "cohere", "qwen2_moe", "qwen3_moe", "gemma", "gemma2",
                 "gemma3_text"}
 
 

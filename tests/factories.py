@@ -167,6 +167,11 @@ def _configs() -> dict:
                                                         max_position_embeddings=32, use_bias=False,
                                                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
                                                         pad_token_id=None),
+        # Command R: one weight-only LayerNorm read by attention and a gated MLP in parallel, interleaved RoPE, GQA, a
+        # logit multiplier, tied
+        "cohere": lambda: T.CohereConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=40, vocab_size=61, max_position_embeddings=32, logit_scale=0.5,
+                                         bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
                                      vocab_size=61, max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=None),
         "olmo_clip": lambda: T.OlmoConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
@@ -196,7 +201,7 @@ def make_config(arch: str):
                              "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                              "olmoe": "OlmoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                              "qwen3_moe": "Qwen3MoeForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-                             "granitemoe": "GraniteMoeForCausalLM",
+                             "granitemoe": "GraniteMoeForCausalLM", "cohere": "CohereForCausalLM",
                              "vit": "ViTForImageClassification"}[config.model_type]]
     return config
 

@@ -46,7 +46,7 @@ def neox_buffers_optional(monkeypatch):
 
 
 # mergekit has a definition of the first six classes and infers the layout of the rest (its StarCoder2 definition
-# requires the biases: a `use_bias=False` checkpoint is refused by mergekit itself)
+# requires the biases, its Cohere definition Command R+'s QK-norm: mergekit refuses checkpoints without them)
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "phi", "granite", "starcoder2", "ministral3", "olmo3",
                                   "qwen2_moe", "seed_oss", "exaone4", "olmoe"])
 def test_mergekit_linear_is_interpolate(tmp_path, arch, neox_buffers_optional):

@@ -150,3 +150,40 @@ def test_head_similarity_compares_circuits_frequency_by_frequency(layout):
     plain = diag(circuit_similarity(xa, xa, ya, ya))
     assert float((diag(circuit_similarity(xa, swapped[0], ya, swapped[1])) - plain).abs().max()) \
         <= 1e-9 * float(plain.abs().max()), "the unconstrained circuits do not see the frequencies"
+
+
+@pytest.mark.parametrize("arch,rotates_part", [("llama", False), ("qwen3", False), ("starcoder2", False),
+                                               ("phi3", True), ("gpt_neox", True)])
+def test_the_rotary_dimensions_are_the_stock_classs(tmp_path, arch, rotates_part):
+    """A config carrying `partial_rotary_factor` 0.5 is read as its class reads it: Llama, Qwen3 and StarCoder2
+    ignore it and rotate the whole head, Phi-3 and GPT-NeoX rotate half. Every family's random element keeps the
+    stock forward; the control is the group built for the other reading, which breaks it."""
+    import transformers as T
+
+    from checks import assert_different_function, assert_same_function
+    from factories import example_inputs, make_config, randomised, stock_logits
+    from symmerge.algebra.apply import apply
+    from symmerge.algebra.elements import random_element
+    from symmerge.algebra.spec import build_spec as spec_of
+    from symmerge.store.model import load_model
+
+    config = make_config(arch)
+    config.rope_parameters = {**(config.rope_parameters or {}), "partial_rotary_factor": 0.5}
+    if arch == "gpt_neox":
+        config.rotary_pct = 0.5
+    torch.manual_seed(0)
+    hf = randomised(T.AutoModelForCausalLM.from_config(config), 0).to(torch.float64).eval()
+    hf.save_pretrained(tmp_path / "m")
+    model = load_model(tmp_path / "m")
+    d_head = model.shape.d_head
+    assert model.shape.rotary_dims == (d_head // 2 if rotates_part else d_head)
+    x = example_inputs(arch)
+    ref = stock_logits(model, model.params, x)
+    g = random_element(model.spec, torch.Generator().manual_seed(3))
+    assert_same_function(stock_logits(model, apply(model.spec, g, model.params), x), ref, dtype=torch.float32,
+                         what=f"{arch}, every family")
+    other = dataclasses.replace(model.shape, rotary_dims=d_head if rotates_part else d_head // 2)
+    wrong = spec_of(other)
+    g = random_element(wrong, torch.Generator().manual_seed(3))
+    assert_different_function(stock_logits(model, apply(wrong, g, model.params), x), ref, dtype=torch.float32,
+                              what=f"{arch} under the other reading of the factor")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import SymmergeError
 from .base import Adapter, class_names
+from .cohere import CohereAdapter
 from .experts import GraniteMoeAdapter, MixtralAdapter, OlmoeAdapter, Qwen2MoeAdapter, Qwen3MoeAdapter
 from .gemma import GemmaAdapter
 from .gemma1 import Gemma1Adapter
@@ -20,7 +21,7 @@ from .starcoder2 import Starcoder2Adapter
 from .vit import ViTAdapter
 
 ADAPTERS: dict[str, Adapter] = {}
-for _a in (Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(),
+for _a in (CohereAdapter(), Exaone4Adapter(), GemmaAdapter(), Gemma1Adapter(), GPT2Adapter(), GPTNeoXAdapter(), GraniteAdapter(),
            GraniteMoeAdapter(), LlamaAdapter(), MixtralAdapter(), OlmoAdapter(), Olmo2Adapter(), Olmo3Adapter(),
            OlmoeAdapter(), PhiAdapter(), Phi3Adapter(), Qwen2MoeAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(),
            Starcoder2Adapter(), ViTAdapter()):

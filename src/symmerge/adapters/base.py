@@ -165,8 +165,6 @@ class Adapter:
         these frequencies agree on every type's."""
         if not s.rotary_dims:
             return None
-        import sys
-
         rope = getattr(config, "rope_parameters", None) or {}
         per_type = [v for v in rope.values() if isinstance(v, dict)]
         for kind in (p.get("rope_type", "default") for p in (per_type or [rope])):
@@ -174,15 +172,10 @@ class Adapter:
                     f"rope_type {kind!r} changes its frequencies with the sequence length: no fixed frequencies to "
                     "place rotary pairs by (aligning and merging are unaffected: a QK map commutes with every "
                     "rotation of a pair)")
-        module = sys.modules[_hf_class(s.hf_class).__module__]
-        rotary = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding")]
-        require(len(rotary) == 1, f"internal: {module.__name__} has {len(rotary)} rotary embedding classes")
-        emb = rotary[0](config)
-        prefix = "full_attention_" if hasattr(emb, "full_attention_inv_freq") else ""
-        inv_freq = getattr(emb, f"{prefix}inv_freq").detach().clone()
+        inv_freq, scaling = inverse_frequencies(rotary_module(config, s.hf_class))
         require(2 * inv_freq.numel() == s.rotary_dims,
                 f"internal: {s.hf_class} rotates {2 * inv_freq.numel()} dims, the adapter says {s.rotary_dims}")
-        return inv_freq, float(getattr(emb, f"{prefix}attention_scaling"))
+        return inv_freq, scaling
 
     def rename(self, key: str) -> str:
         for pattern, repl in self.renames:
@@ -244,10 +237,28 @@ def require(cond: bool, msg: str) -> None:
         raise SymmergeError(msg)
 
 
-def rotary_dims(config, d_head: int) -> int:
-    rope = getattr(config, "rope_parameters", None) or {}
-    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
-    r = int(d_head * factor)
+def rotary_module(config, hf_class: str):
+    """The stock class's own rotary embedding module, built for `config` (the one RoPE class of its modeling file)."""
+    import sys
+
+    module = sys.modules[_hf_class(hf_class).__module__]
+    rotary = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding")]
+    require(len(rotary) == 1, f"internal: {module.__name__} has {len(rotary)} rotary embedding classes")
+    return rotary[0](config)
+
+
+def inverse_frequencies(emb) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, cos/sin scaling) of a stock rotary module (a class that rotates each layer type with its
+    own parameters: its full-attention layers')."""
+    prefix = "full_attention_" if hasattr(emb, "full_attention_inv_freq") else ""
+    return getattr(emb, f"{prefix}inv_freq").detach().clone(), float(getattr(emb, f"{prefix}attention_scaling"))
+
+
+def rotary_dims(config, hf_class: str) -> int:
+    """The dimensions of each head that stock `hf_class` rotates for `config`: twice the frequencies its own rotary
+    module computes. Whether a class reads `partial_rotary_factor` (or `rotary_pct`) is the class's to say: GPT-NeoX,
+    Phi, Phi-3 and Ministral 3 do, Llama and most others rotate the whole head whatever the config holds."""
+    r = 2 * inverse_frequencies(rotary_module(config, hf_class))[0].numel()
     require(r % 2 == 0, f"rotary dimension {r} is odd; RoPE needs pairs")
     return r
 

@@ -42,7 +42,7 @@ def _decoder_shape(adapter: Adapter, c, hf_class: str, norm: str, eps_in_config:
     return ModelShape(
         arch=adapter.name, hf_class=hf_class, d_model=d, n_layers=c.num_hidden_layers, n_heads=h, n_kv_heads=kv,
         d_head=dh, d_mlp=c.intermediate_size, vocab=c.vocab_size, norm=norm, gated=True, parallel=False,
-        rotary_dims=rotary_dims(c, dh), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
+        rotary_dims=rotary_dims(c, hf_class), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
         eps=float(getattr(c, "rms_norm_eps", 1e-5)), eps_in_config=eps_in_config,
         activation=getattr(c, "hidden_act", None) or c.hidden_activation,
         clip_qkv=getattr(c, "clip_qkv", None), qk_norm=qk_norm,

@@ -48,7 +48,7 @@ class PhiAdapter(Adapter):
         return ModelShape(
             arch=self.name, hf_class="PhiForCausalLM", d_model=d, n_layers=c.num_hidden_layers, n_heads=h, n_kv_heads=kv,
             d_head=dh, d_mlp=c.intermediate_size, vocab=c.vocab_size, norm="layernorm", gated=False, parallel=True,
-            rotary_dims=rotary_dims(c, dh), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
+            rotary_dims=rotary_dims(c, "PhiForCausalLM"), rotary_layout="half", tied=bool(getattr(c, "tie_word_embeddings", False)),
             eps=float(c.layer_norm_eps), eps_in_config=True, activation=c.hidden_act,
         )
 

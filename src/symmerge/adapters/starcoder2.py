@@ -48,7 +48,7 @@ class Starcoder2Adapter(Adapter):
         return ModelShape(
             arch=self.name, hf_class="Starcoder2ForCausalLM", d_model=d, n_layers=c.num_hidden_layers, n_heads=h,
             n_kv_heads=kv, d_head=dh, d_mlp=c.intermediate_size, vocab=c.vocab_size, norm="layernorm", gated=False,
-            parallel=False, rotary_dims=rotary_dims(c, dh), rotary_layout="half",
+            parallel=False, rotary_dims=rotary_dims(c, "Starcoder2ForCausalLM"), rotary_layout="half",
             tied=bool(getattr(c, "tie_word_embeddings", False)), eps=float(c.norm_epsilon), eps_in_config=True,
             activation=c.hidden_act,
         )
