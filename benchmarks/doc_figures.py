@@ -290,6 +290,9 @@ _FIGURES = [
              "GPT-NeoX demo pair"),
            "benchmark", refs=tuple(ref for start, default in STARTS for ref in (_dual(start), _dual(default))),
            command="benchmarks/default_dual.py NAME [--start-from activation]", page=LIMITATIONS),
+    Figure("limitations-start-training3", P("on one more training of the Llama-style demo pair it\n  left {} against {}"),
+           "benchmark", refs=(_dual("llama-char-demo-training3-startactivation"), _dual("llama-char-demo-training3")),
+           command="benchmarks/default_dual.py llama-char-demo [--start-from activation]", page=LIMITATIONS),
     Figure("limitations-start-vit", P("and {} and {} as the default's {} and {} on the MNIST and\n  Fashion-MNIST ViT "
                                       "pairs"), "benchmark",
            refs=(_dual("vit-demo-startactivation"), _dual("vit-fashion-demo-startactivation"), _dual("vit-demo"),
