@@ -258,9 +258,7 @@ def rotary_dims(config, hf_class: str) -> int:
     """The dimensions of each head that stock `hf_class` rotates for `config`: twice the frequencies its own rotary
     module computes. Whether a class reads `partial_rotary_factor` (or `rotary_pct`) is the class's to say: GPT-NeoX,
     Phi, Phi-3 and Ministral 3 do, Llama and most others rotate the whole head whatever the config holds."""
-    r = 2 * inverse_frequencies(rotary_module(config, hf_class))[0].numel()
-    require(r % 2 == 0, f"rotary dimension {r} is odd; RoPE needs pairs")
-    return r
+    return 2 * inverse_frequencies(rotary_module(config, hf_class))[0].numel()
 
 
 # --- attention and MLP in canonical form ------------------------------------------------------------
@@ -312,6 +310,22 @@ def layernorm_block_to_canonical(get, s: ModelShape, i: int, attn: str, proj: tu
     out.update({f"{p}.mlp.W_in": w_in, f"{p}.mlp.b_in": b_in, f"{p}.mlp.W_out": w(fc[1]),
                 f"{p}.mlp.b_out": torch.zeros(s.d_model, dtype=torch.float64) if b_out is None else b_out})
     return make_mean_free(out, s)
+
+
+def layernorm_block_from_canonical(params, s: ModelShape, i: int, attn: str, proj: tuple[str, str, str, str],
+                                   norms: tuple[str, ...], fc: tuple[str, str]) -> dict[str, torch.Tensor]:
+    """`layernorm_block_to_canonical`'s inverse under the same names: q, k, v, o (`{attn}.{proj[j]}`) and the MLP's
+    in and out layers (`fc`) with their biases, every norm of `norms` (the block's, by prefix) at unit weight and
+    zero bias; `keep_expected` drops the zero biases a class without them lacks."""
+    p = f"blocks.{i}"
+    ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
+    sd = {f"{n}.{t}": v for n in norms for t, v in (("weight", ones), ("bias", zeros))}
+    q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
+    for n, w, b in zip(proj, (q, k, v, o), (bq, bk, bv, bo)):
+        sd[f"{attn}.{n}.weight"], sd[f"{attn}.{n}.bias"] = w, b
+    for n, c in zip(fc, ("in", "out")):
+        sd[f"{n}.weight"], sd[f"{n}.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
+    return sd
 
 
 def make_mean_free(params: dict[str, torch.Tensor], s: ModelShape) -> dict[str, torch.Tensor]:

@@ -20,13 +20,16 @@ from ..algebra.shape import ModelShape
 from .base import (
     Adapter,
     HookPoints,
-    attention_from_canonical,
     final_norm_to_canonical,
+    layernorm_block_from_canonical,
     layernorm_block_to_canonical,
     make_mean_free,
     require,
     rotary_dims,
 )
+
+#: the attention's projections (q, k, v, o) under `model.layers.{i}.self_attn`
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "dense")
 
 
 class PhiAdapter(Adapter):
@@ -58,7 +61,7 @@ class PhiAdapter(Adapter):
     def block_to_canonical(self, get, s, i):
         hf = f"model.layers.{i}"
         ln = (get(f"{hf}.input_layernorm.weight"), get(f"{hf}.input_layernorm.bias"))  # read by both sublayers
-        return layernorm_block_to_canonical(get, s, i, f"{hf}.self_attn", ("q_proj", "k_proj", "v_proj", "dense"), ln, ln,
+        return layernorm_block_to_canonical(get, s, i, f"{hf}.self_attn", PROJECTIONS, ln, ln,
                                             (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def final_to_canonical(self, get, s):
@@ -75,15 +78,9 @@ class PhiAdapter(Adapter):
                 "lm_head.weight": params["head.W_U"], "lm_head.bias": params["head.b_U"]}
 
     def block_from_canonical(self, params, s, i):
-        p, hf = f"blocks.{i}", f"model.layers.{i}"
-        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-        sd = {f"{hf}.input_layernorm.weight": torch.ones(s.d_model, dtype=torch.float64),
-              f"{hf}.input_layernorm.bias": torch.zeros(s.d_model, dtype=torch.float64)}
-        for n, w, b in (("q_proj", q, bq), ("k_proj", k, bk), ("v_proj", v, bv), ("dense", o, bo)):
-            sd[f"{hf}.self_attn.{n}.weight"], sd[f"{hf}.self_attn.{n}.bias"] = w, b
-        for n, c in (("fc1", "in"), ("fc2", "out")):
-            sd[f"{hf}.mlp.{n}.weight"], sd[f"{hf}.mlp.{n}.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
-        return sd
+        hf = f"model.layers.{i}"
+        return layernorm_block_from_canonical(params, s, i, f"{hf}.self_attn", PROJECTIONS, (f"{hf}.input_layernorm",),
+                                              (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

@@ -17,17 +17,19 @@ from .base import (
     Adapter,
     HookPoints,
     any_attention_bias,
-    attention_from_canonical,
     final_norm_to_canonical,
+    layernorm_block_from_canonical,
     layernorm_block_to_canonical,
     make_mean_free,
     require,
     rotary_dims,
 )
 
-#: the attention's projections (q, k, v, o) and the MLP's layers (in, out) under `model.layers.{i}`
+#: under `model.layers.{i}`: the attention's projections (q, k, v, o), the MLP's layers (in, out), the norms (read by
+#: attention, by the MLP)
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("c_fc", "c_proj")
+NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
 class Starcoder2Adapter(Adapter):
@@ -58,7 +60,7 @@ class Starcoder2Adapter(Adapter):
 
     def block_to_canonical(self, get, s, i):
         hf = f"model.layers.{i}"
-        ln1, ln2 = ((get(f"{hf}.{n}.weight"), get(f"{hf}.{n}.bias")) for n in ("input_layernorm", "post_attention_layernorm"))
+        ln1, ln2 = ((get(f"{hf}.{n}.weight"), get(f"{hf}.{n}.bias")) for n in NORMS)
         return layernorm_block_to_canonical(get, s, i, f"{hf}.self_attn", ATTENTION, ln1, ln2,
                                             tuple(f"{hf}.mlp.{n}" for n in MLP))
 
@@ -73,16 +75,9 @@ class Starcoder2Adapter(Adapter):
                 "lm_head.weight": params["head.W_U"]}
 
     def block_from_canonical(self, params, s, i):
-        p, hf = f"blocks.{i}", f"model.layers.{i}"
-        ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
-        sd = {f"{hf}.{n}.{t}": v for n in ("input_layernorm", "post_attention_layernorm")
-              for t, v in (("weight", ones), ("bias", zeros))}
-        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-        for n, w, b in zip(ATTENTION, (q, k, v, o), (bq, bk, bv, bo)):
-            sd[f"{hf}.self_attn.{n}.weight"], sd[f"{hf}.self_attn.{n}.bias"] = w, b
-        for n, c in zip(MLP, ("in", "out")):
-            sd[f"{hf}.mlp.{n}.weight"], sd[f"{hf}.mlp.{n}.bias"] = params[f"{p}.mlp.W_{c}"], params[f"{p}.mlp.b_{c}"]
-        return sd
+        hf = f"model.layers.{i}"
+        return layernorm_block_from_canonical(params, s, i, f"{hf}.self_attn", ATTENTION,
+                                              tuple(f"{hf}.{n}" for n in NORMS), tuple(f"{hf}.mlp.{n}" for n in MLP))
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

@@ -16,12 +16,15 @@ from .base import (
     Adapter,
     HookPoints,
     any_attention_bias,
-    attention_from_canonical,
     final_norm_to_canonical,
+    layernorm_block_from_canonical,
     layernorm_block_to_canonical,
     make_mean_free,
     require,
 )
+
+#: the attention's projections (q, k, v, o) under `vit.layers.{i}.attention`
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 class ViTAdapter(Adapter):
@@ -65,7 +68,7 @@ class ViTAdapter(Adapter):
     def block_to_canonical(self, get, s, i):
         hf = f"vit.layers.{i}"
         ln = lambda n: (get(f"{hf}.{n}.weight"), get(f"{hf}.{n}.bias"))  # noqa: E731
-        return layernorm_block_to_canonical(get, s, i, f"{hf}.attention", ("q_proj", "k_proj", "v_proj", "o_proj"),
+        return layernorm_block_to_canonical(get, s, i, f"{hf}.attention", PROJECTIONS,
                                             ln("layernorm_before"), ln("layernorm_after"), (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def final_to_canonical(self, get, s):
@@ -85,19 +88,10 @@ class ViTAdapter(Adapter):
         }
 
     def block_from_canonical(self, params, s, i):
-        ones, zeros = torch.ones(s.d_model, dtype=torch.float64), torch.zeros(s.d_model, dtype=torch.float64)
-        p, hf = f"blocks.{i}", f"vit.layers.{i}"
-        q, k, v, o, bq, bk, bv, bo = attention_from_canonical(p, params)
-        sd = {}
-        for n, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv), ("o", o, bo)):
-            sd[f"{hf}.attention.{n}_proj.weight"], sd[f"{hf}.attention.{n}_proj.bias"] = w, b
-        sd.update({
-            f"{hf}.layernorm_before.weight": ones, f"{hf}.layernorm_before.bias": zeros,
-            f"{hf}.layernorm_after.weight": ones, f"{hf}.layernorm_after.bias": zeros,
-            f"{hf}.mlp.fc1.weight": params[f"{p}.mlp.W_in"], f"{hf}.mlp.fc1.bias": params[f"{p}.mlp.b_in"],
-            f"{hf}.mlp.fc2.weight": params[f"{p}.mlp.W_out"], f"{hf}.mlp.fc2.bias": params[f"{p}.mlp.b_out"],
-        })
-        return sd
+        hf = f"vit.layers.{i}"
+        return layernorm_block_from_canonical(params, s, i, f"{hf}.attention", PROJECTIONS,
+                                              (f"{hf}.layernorm_before", f"{hf}.layernorm_after"),
+                                              (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def export_config(self, config, s, params):
         config = super().export_config(config, s, params)

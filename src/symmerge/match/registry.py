@@ -109,9 +109,8 @@ class Matcher:
         identity; for many models the start's eps gauge, `many.scale_gauge`): weight matching fits it to B's
         writers, towards zero where the two models' writers are weakly correlated, and a start there gives B's
         writers almost no weight at the midpoint (docs/guides/two-models.md)."""
-        if not any(f in self.start_without for f in every_family(model, families)):
-            return families
-        return [f for f in every_family(model, families) if f not in self.start_without]
+        every = every_family(model, families)
+        return [f for f in every if f not in self.start_without] if set(every) & set(self.start_without) else families
 
 
 def _from_match(method: str, res, start=None) -> Alignment:
