@@ -164,7 +164,6 @@ def test_the_rotary_dimensions_are_the_stock_classs(tmp_path, arch, rotates_part
     from factories import example_inputs, make_config, randomised, stock_logits
     from symmerge.algebra.apply import apply
     from symmerge.algebra.elements import random_element
-    from symmerge.algebra.spec import build_spec as spec_of
     from symmerge.store.model import load_model
 
     config = make_config(arch)
@@ -183,7 +182,7 @@ def test_the_rotary_dimensions_are_the_stock_classs(tmp_path, arch, rotates_part
     assert_same_function(stock_logits(model, apply(model.spec, g, model.params), x), ref, dtype=torch.float32,
                          what=f"{arch}, every family")
     other = dataclasses.replace(model.shape, rotary_dims=d_head if rotates_part else d_head // 2)
-    wrong = spec_of(other)
+    wrong = build_spec(other)
     g = random_element(wrong, torch.Generator().manual_seed(3))
     assert_different_function(stock_logits(model, apply(wrong, g, model.params), x), ref, dtype=torch.float32,
                               what=f"{arch} under the other reading of the factor")
