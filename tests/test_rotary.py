@@ -186,3 +186,38 @@ def test_the_rotary_dimensions_are_the_stock_classs(tmp_path, arch, rotates_part
     g = random_element(wrong, torch.Generator().manual_seed(3))
     assert_different_function(stock_logits(model, apply(wrong, g, model.params), x), ref, dtype=torch.float32,
                               what=f"{arch} under the other reading of the factor")
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "olmo3"])
+def test_a_model_whose_layers_all_slide_is_placed_by_its_sliding_frequencies(tmp_path, arch):
+    """A class that rotates each layer type with its own parameters holds frequencies only for the types its
+    layers use: a Gemma 3 or OLMo-3 whose every layer is a sliding-window layer loads, its rotary pairs placed by
+    the sliding layers' frequencies, and every family's random element keeps the stock forward. Control: the
+    full-attention layers' frequencies of the same config differ (Gemma 3's other base), so the test tells which
+    type was read."""
+    import transformers as T
+
+    from checks import assert_same_function
+    from factories import example_inputs, make_config, randomised, stock_logits
+    from symmerge.adapters.base import rotary_module
+    from symmerge.algebra.apply import apply
+    from symmerge.algebra.elements import random_element
+    from symmerge.store.model import load_model
+
+    config = make_config(arch)
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+    torch.manual_seed(0)
+    hf = randomised(T.AutoModelForCausalLM.from_config(config), 0).to(torch.float64).eval()
+    hf.save_pretrained(tmp_path / "m")
+    model = load_model(tmp_path / "m")
+    inv_freq, _ = model.adapter.rotary_frequencies(model.config, model.shape)
+    emb = rotary_module(model.config, model.shape.hf_class)
+    sliding = getattr(emb, "sliding_attention_inv_freq", getattr(emb, "inv_freq", None))
+    assert torch.equal(inv_freq, sliding)
+    if arch == "gemma3":
+        full = make_config(arch)  # the same config with its full-attention layer
+        assert not torch.allclose(inv_freq, rotary_module(full, model.shape.hf_class).full_attention_inv_freq)
+    x = example_inputs(arch)
+    g = random_element(model.spec, torch.Generator().manual_seed(3))
+    assert_same_function(stock_logits(model, apply(model.spec, g, model.params), x),
+                         stock_logits(model, model.params, x), dtype=torch.float32, what=f"{arch}, every layer sliding")

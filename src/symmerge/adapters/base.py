@@ -160,7 +160,8 @@ class Adapter:
         change their frequencies with the sequence length (dynamic, longrope: Phi-3's su and yarn): no fixed
         values to match. The group does not need them: it holds for any frequencies on the same pairs. A class
         that rotates each layer type with its own parameters (`rope_parameters` keyed by layer type: Gemma 3,
-        OLMo-3) gives its full-attention layers' frequencies; the other types rotate the same pairs, and the
+        OLMo-3) gives its full-attention layers' frequencies (`inverse_frequencies`: the first type's where no layer
+        attends fully); the other types rotate the same pairs, and the
         adapters that read such configs name `rope_parameters` a function key, so two checkpoints placed by
         these frequencies agree on every type's."""
         if not s.rotary_dims:
@@ -248,9 +249,11 @@ def rotary_module(config, hf_class: str):
 
 
 def inverse_frequencies(emb) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies, cos/sin scaling) of a stock rotary module (a class that rotates each layer type with its
-    own parameters: its full-attention layers')."""
-    prefix = "full_attention_" if hasattr(emb, "full_attention_inv_freq") else ""
+    """(inverse frequencies, cos/sin scaling) of a stock rotary module. A class that rotates each layer type with
+    its own parameters (its module holds `{type}_inv_freq` for the types the config's layers use): its
+    full-attention layers', or, where no layer attends fully, the first type's in sorted order."""
+    types = sorted(getattr(emb, "layer_types", None) or [])
+    prefix = "" if not types else "full_attention_" if "full_attention" in types else f"{types[0]}_"
     return getattr(emb, f"{prefix}inv_freq").detach().clone(), float(getattr(emb, f"{prefix}attention_scaling"))
 
 
