@@ -186,6 +186,15 @@ ARCHS = tuple(_configs())
 # mixtures of experts (in some layers at least)
 EXPERTS = frozenset(a for a, make in _configs().items() if getattr(make(), "num_experts_per_tok", 0))
 CLASSES = {"vit": T.ViTForImageClassification}
+#: one architecture of each block structure: LayerNorm with learned positions (gpt2), parallel blocks under two
+#: LayerNorms with partial RoPE (gpt_neox), under one (phi), under one weight-only LayerNorm with interleaved RoPE
+#: (cohere), RMSNorm with a gated MLP and GQA (llama), post-norms with a QK-norm per head (gemma3), post-norms alone
+#: with a QK-norm over all heads (olmo2), a non-parametric LayerNorm with clip_qkv (olmo_clip), experts with a
+#: shared expert (qwen2_moe) and without (mixtral), an encoder on images (vit). A test of a mechanism every
+#: adapter reaches the same way (one learner or matcher over any spec) runs on these; a test of what each adapter
+#: says (its tensors, hooks, group) runs on every architecture (ARCHS).
+STRUCTURES = ("gpt2", "gpt_neox", "phi", "cohere", "llama", "gemma3", "olmo2", "olmo_clip", "qwen2_moe", "mixtral", "vit")
+assert set(STRUCTURES) <= set(ARCHS)
 
 
 def make_config(arch: str):

@@ -68,16 +68,15 @@ def _writing(out: Path) -> bool:
     return any(any(t.iterdir()) for t in out.parent.glob(f".{out.name}.tmp-*"))
 
 
+#: every writing command once and every window once: the commands write through one mechanism (`io.AtomicFolder`),
+#: so a command's kill at one window stands for the others; merge, the one that commits two folders as one, at
+#: each of its own
 KILLS = [
     ("transform", _transform, _started, signal.SIGKILL),
-    ("transform", _transform, _writing, signal.SIGKILL),
     ("transform", _transform, _started, signal.SIGTERM),
-    ("align-weight", _align, _started, signal.SIGKILL),
     ("align-weight", _align, _writing, signal.SIGKILL),
-    ("interpolate", _interpolate, _started, signal.SIGKILL),
     ("interpolate", _interpolate, _writing, signal.SIGKILL),
     ("merge", _merge, _started, signal.SIGKILL),
-    ("merge", _merge, _writing, signal.SIGKILL),
     ("merge", _merge, _aligned_writing, signal.SIGKILL),
 ]
 
