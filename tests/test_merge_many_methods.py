@@ -1,4 +1,5 @@
-"""Merging many models by every method on every test architecture, against the stock transformers forward.
+"""Merging many models by every method on one architecture of each block structure (`factories.STRUCTURES`), against
+the stock transformers forward.
 
 Planted: A (a factory model; the ViT trained briefly on digits) and g1·A, g2·A (random elements of the default families, saved as stock
 checkpoints). The language models' batches are labelled with A's own predictions (the ViT's are digits), so that a wrong merge costs loss.
@@ -29,7 +30,6 @@ from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learn_many import learn_many
 from symmerge.store.model import load_model
 from symmerge.store.model import save_model as save_canonical
-from test_weight_matching import SUPPORTED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,10 +128,10 @@ def _precision(hf) -> torch.dtype:
     return precision(hf)
 
 
-#: activation merging on one architecture of each structure: its per-architecture part, the hooks, is the pair
-#: matcher's (test_activation_matching runs it on every architecture)
-@pytest.mark.parametrize("arch,method", [(a, m) for a in SUPPORTED for m in METHODS
-                                         if m != "activation" or a in STRUCTURES])
+#: on one architecture of each structure: the many-model matchers' per-architecture parts (the solvers of each
+#: family, the hooks, the parametrisation) are the pair matchers', which test_weight_matching,
+#: test_activation_matching and test_learned run on every architecture
+@pytest.mark.parametrize("arch,method", [(a, m) for a in STRUCTURES for m in METHODS])
 def test_planted_merge_gives_a_function(arch, method, planted):
     p = planted(arch)
     res = p.start if method == "weight" else registry.align_many(
@@ -158,7 +158,7 @@ def test_planted_merge_gives_a_function(arch, method, planted):
 
 
 @pytest.mark.parametrize("method", ["learned", "dual"])
-@pytest.mark.parametrize("arch", STRUCTURES)  # the learner's per-architecture part is the pair's: test_learned
+@pytest.mark.parametrize("arch", STRUCTURES)
 def test_learning_never_worsens_and_keeps_the_endpoints(arch, method, planted):
     """With learning steps: the validation objective is never above the start's (0 at the planted solution),
     the reported objective is what the returned elements give, and every endpoint is still exact."""
