@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from checks import assert_reported_gap, assert_same_function
-from factories import ARCHS, lm_batches, make_model, save_model
+from factories import ARCHS, STRUCTURES, lm_batches, make_model, save_model
 from learned_common import CONTINUOUS, learned_align, logits_of, quick
 from symmerge import SymmergeError
 from symmerge.algebra import groups as G
@@ -280,8 +280,10 @@ def _arch_batches(arch: str, n: int, seed: int) -> list[dict]:
 
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gpt2"])
 def test_every_architecture(arch, tmp_path):
-    """On every adapter: gradients reach every learned slot (and no model weight); learned (with
-    permutations) and dual outputs are stock checkpoints computing their inputs' functions."""
+    """On every adapter: gradients reach every learned slot of learned (with permutations) and dual matching (and
+    no model weight); dual outputs are stock checkpoints computing their inputs' functions, and learned ones too on
+    one architecture of each structure (its outputs differ from dual's only in learned permutations, which every
+    adapter writes as dual's fixed ones)."""
     a = load_model(save_model(make_model(arch, 0), tmp_path / "a"))
     b = load_model(save_model(make_model(arch, 1), tmp_path / "b"))
     init = random_element(b.spec, torch.Generator().manual_seed(7))
@@ -296,9 +298,10 @@ def test_every_architecture(arch, tmp_path):
             assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(
                 float(g.abs().max()) > 0 for g in grads), f"{arch}/{method}: no gradient reaches {s.key}"
         assert not any(t.requires_grad for f in learner.frozen.values() for t in f.params().values())
-        result = learn(a, b, train, val, quick(method=method, steps=3, lr=0.1), init=init)
-        for row in output_report(save_outputs(result, a, b, tmp_path / method), a.shape.hf_class, probe):
-            assert_reported_gap(row, probe)
+        if method == "dual" or arch in STRUCTURES:
+            result = learn(a, b, train, val, quick(method=method, steps=3, lr=0.1), init=init)
+            for row in output_report(save_outputs(result, a, b, tmp_path / method), a.shape.hf_class, probe):
+                assert_reported_gap(row, probe)
 
 
 def test_absolute_anchor_with_cayley_signs(pair, tmp_path):
