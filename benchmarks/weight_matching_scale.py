@@ -1,9 +1,11 @@
-"""Streaming weight matching at Pythia and Llama-2-7B shapes: time per sweep by kind of work, and peak memory.
+"""Streaming weight matching at Pythia, Llama-2-7B and Gemma-3-1B shapes: time per sweep by kind of work, and peak memory.
 
 Two random-initialised checkpoints with the shapes of Pythia-410M or Pythia-1.4B (GPT-NeoX; HF's
 initialisation: weights N(0, 0.02), LayerNorm weights 1, biases 0; vocabulary 50,304, 16 heads, 25%
-rotary) or Llama-2-7B / OLMo-7B (LlamaForCausalLM: d 4096, 32 layers, 32 heads, SwiGLU FFN 11008,
-vocabulary 32,000, RMSNorm weights 1) are written in bf16 as sharded safetensors, then `weight_match`
+rotary), Llama-2-7B / OLMo-7B (LlamaForCausalLM: d 4096, 32 layers, 32 heads, SwiGLU FFN 11008,
+vocabulary 32,000, RMSNorm weights 1) or Gemma-3-1B (Gemma3ForCausalLM: d 1152, 26 layers, 4 query heads
+and one KV head of width 256, GeGLU FFN 6912, vocabulary 262,144 tied, norm weights 1 + 0, post-norms and
+QK-norm, so its residual map is a signed permutation) are written in bf16 as sharded safetensors, then `weight_match`
 reads them part by part (`model.LazyModel`, algebra in float32 by default; `--cost-products bfloat16`
 for the assignment costs from bf16 products) for the start pass and `--sweeps` sweeps. Printed:
 
@@ -16,6 +18,7 @@ for the assignment costs from bf16 products) for the start pass and `--sweeps` s
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-410m
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape pythia-1.4b --folder runs/wm-scale
     PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape llama-2-7b --cost-products bfloat16
+    PYTHONPATH=src python benchmarks/weight_matching_scale.py --shape gemma-3-1b
 
 Each part read is also logged as it happens (`part KEY at T s, RSS R GiB`), so that a run stopped early
 still gives the seconds per block and the memory.
@@ -39,7 +42,7 @@ from symmerge.store.io import ShardWriter
 from symmerge.store.model import LazyModel, expected_tensors, part_keys
 
 SHAPES = {"pythia-70m": (512, 6, 8), "pythia-410m": (1024, 24, 16), "pythia-1.4b": (2048, 24, 16),
-          "llama-2-7b": (4096, 32, 32)}  # d, layers, heads
+          "llama-2-7b": (4096, 32, 32), "gemma-3-1b": (1152, 26, 4)}  # d, layers, heads
 
 
 def shape_config(name: str, depth: int | None = None):
@@ -49,6 +52,12 @@ def shape_config(name: str, depth: int | None = None):
 
     d, layers, heads = SHAPES[name]
     layers = depth or layers
+    if name.startswith("gemma"):  # Gemma 3 1B: one KV head of width 256, GeGLU 6912, vocabulary 262,144, tied
+        config = T.Gemma3TextConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=1,
+                                    head_dim=256, query_pre_attn_scalar=256, intermediate_size=6912, vocab_size=262144,
+                                    sliding_window=512, max_position_embeddings=32768, torch_dtype="bfloat16")
+        config.architectures = ["Gemma3ForCausalLM"]
+        return config
     if name.startswith("llama"):
         config = T.LlamaConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
                                num_key_value_heads=heads, intermediate_size=11008, vocab_size=32000,
@@ -78,7 +87,7 @@ def write_random_checkpoint(folder: Path, name: str, seed: int, depth: int | Non
         if key.endswith("bias"):
             t = torch.zeros(shape)
         elif "layernorm" in key or "layer_norm" in key or key.endswith("norm.weight"):
-            t = torch.ones(shape)
+            t = torch.zeros(shape) if name.startswith("gemma") else torch.ones(shape)  # Gemma stores w of 1 + w
         else:
             t = torch.randn(shape, generator=gen) * 0.02
         writer.add({key: t.to(torch.bfloat16)})
