@@ -363,6 +363,13 @@ def final_norm_to_canonical(w_u, b_u, gamma, beta, eps: float) -> dict[str, torc
     return out
 
 
+def head_weight(get, embed: str) -> torch.Tensor:
+    """The unembedding as the files hold it: `lm_head.weight`, or, where they hold none (a tied head, which stock
+    `save_pretrained` drops), the embedding `embed` it is tied to."""
+    w_u = get("lm_head.weight", None)
+    return get(embed) if w_u is None else w_u
+
+
 def any_attention_bias(params: dict[str, torch.Tensor], s: ModelShape) -> bool:
     """Whether any attention bias is non-zero (then the exported config must enable attention biases)."""
     names = ("b_Q", "b_K", "b_V", "b_O")

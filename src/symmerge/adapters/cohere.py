@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from ..algebra.shape import ModelShape
-from .base import Adapter, HookPoints, final_norm_to_canonical, make_mean_free, require
+from .base import Adapter, HookPoints, final_norm_to_canonical, head_weight, make_mean_free, require
 from .llama import (
     _decoder_shape,
     decoder_attention_from_canonical,
@@ -51,8 +51,7 @@ class CohereAdapter(Adapter):
         return make_mean_free(decoder_block_to_canonical(get, s, i, ln, ln), s)
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
+        w_u = head_weight(get, "model.embed_tokens.weight")
         return final_norm_to_canonical(w_u, None, get("model.norm.weight"), None, s.eps)
 
     def ends_from_canonical(self, params, s):

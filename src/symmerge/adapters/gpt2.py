@@ -19,6 +19,7 @@ from .base import (
     attention_to_canonical,
     final_norm_to_canonical,
     fold_attention,
+    head_weight,
     make_mean_free,
     require,
 )
@@ -66,8 +67,7 @@ class GPT2Adapter(Adapter):
         return make_mean_free(out, s)
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("transformer.wte.weight") if w_u is None else w_u
+        w_u = head_weight(get, "transformer.wte.weight")
         return final_norm_to_canonical(w_u, None, get("transformer.ln_f.weight"), get("transformer.ln_f.bias"), s.eps)
 
     def ends_from_canonical(self, params, s):

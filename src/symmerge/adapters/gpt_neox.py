@@ -22,6 +22,7 @@ from .base import (
     attention_to_canonical,
     final_norm_to_canonical,
     fold_attention,
+    head_weight,
     make_mean_free,
     require,
     rotary_dims,
@@ -73,8 +74,7 @@ class GPTNeoXAdapter(Adapter):
         return make_mean_free(out, s)
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("gpt_neox.embed_in.weight") if w_u is None else w_u
+        w_u = head_weight(get, "gpt_neox.embed_in.weight")
         ln = (get("gpt_neox.final_layer_norm.weight"), get("gpt_neox.final_layer_norm.bias"))
         return final_norm_to_canonical(w_u, None, *ln, s.eps)
 

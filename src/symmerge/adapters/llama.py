@@ -23,6 +23,7 @@ from .base import (
     attention_to_canonical,
     class_names,
     final_norm_to_canonical,
+    head_weight,
     require,
     rotary_dims,
 )
@@ -184,8 +185,7 @@ class LlamaAdapter(Adapter):
         return decoder_mlp_to_canonical(get, s, i, (self._gamma(get, f"model.layers.{i}.post_attention_layernorm"), None))
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
+        w_u = head_weight(get, "model.embed_tokens.weight")
         return final_norm_to_canonical(w_u, None, self._gamma(get, "model.norm"), None, s.eps)
 
     def ends_from_canonical(self, params, s):

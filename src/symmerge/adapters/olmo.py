@@ -10,7 +10,7 @@ v are clamped elementwise: only signed permutations of the head dimensions commu
 from __future__ import annotations
 
 from ..algebra.shape import ModelShape
-from .base import Adapter, make_mean_free
+from .base import Adapter, head_weight, make_mean_free
 from .llama import DECODER_HOOKS, _decoder_shape, decoder_block_from_canonical, decoder_block_to_canonical, decoder_ends_from_canonical
 
 
@@ -29,8 +29,7 @@ class OlmoAdapter(Adapter):
         return make_mean_free(decoder_block_to_canonical(get, s, i, (1.0, None), (1.0, None)), s)
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        return {"head.W_U": get("model.embed_tokens.weight") if w_u is None else w_u}
+        return {"head.W_U": head_weight(get, "model.embed_tokens.weight")}
 
     def ends_from_canonical(self, params, s):
         return decoder_ends_from_canonical(params, s, norm_weights=False)

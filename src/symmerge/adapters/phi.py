@@ -21,6 +21,7 @@ from .base import (
     Adapter,
     HookPoints,
     final_norm_to_canonical,
+    head_weight,
     layernorm_block_from_canonical,
     layernorm_block_to_canonical,
     make_mean_free,
@@ -65,8 +66,7 @@ class PhiAdapter(Adapter):
                                             (f"{hf}.mlp.fc1", f"{hf}.mlp.fc2"))
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
+        w_u = head_weight(get, "model.embed_tokens.weight")
         ln = (get("model.final_layernorm.weight"), get("model.final_layernorm.bias"))
         b_u = get("lm_head.bias", None)
         return final_norm_to_canonical(w_u, torch.zeros(s.vocab, dtype=torch.float64) if b_u is None else b_u, *ln, s.eps)

@@ -18,6 +18,7 @@ from .base import (
     HookPoints,
     any_attention_bias,
     final_norm_to_canonical,
+    head_weight,
     layernorm_block_from_canonical,
     layernorm_block_to_canonical,
     make_mean_free,
@@ -65,8 +66,7 @@ class Starcoder2Adapter(Adapter):
                                             tuple(f"{hf}.mlp.{n}" for n in MLP))
 
     def final_to_canonical(self, get, s):
-        w_u = get("lm_head.weight", None)
-        w_u = get("model.embed_tokens.weight") if w_u is None else w_u
+        w_u = head_weight(get, "model.embed_tokens.weight")
         return final_norm_to_canonical(w_u, None, get("model.norm.weight"), get("model.norm.bias"), s.eps)
 
     def ends_from_canonical(self, params, s):
