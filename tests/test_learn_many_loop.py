@@ -13,7 +13,7 @@ from learned_common import CONTINUOUS
 from symmerge import SymmergeError, cli
 from symmerge.algebra.elements import random_element
 from symmerge.data.tokenizers import char_tokenizer
-from symmerge.match import learn_loop
+from symmerge.match import learn_loop, learn_state
 from symmerge.match.learn_config import LearnConfig
 from symmerge.match.learn_loop import Interrupted
 from symmerge.match.learn_many import learn_many
@@ -73,13 +73,14 @@ def test_many_model_lr_auto_takes_the_best_rate_and_a_resume_keeps_it(tmp_path, 
     with pytest.raises(Interrupted):
         learn_many(models, weights, train, val, cfg, checkpoint=tmp_path / "cut", on_step=lambda step: step == 2)
     monkeypatch.setattr(lr_search, "choose_lr", lambda *a: pytest.fail("a resumed run searched again"))
-    resumed = learn_many(models, weights, train, val, cfg, checkpoint=tmp_path / "cut", resume=True)
-    s = resumed.report["lr_search"]
+    with pytest.raises(Interrupted):  # the resumed run takes steps 3 and 4 at the saved rate, then stops
+        learn_many(models, weights, train, val, cfg, checkpoint=tmp_path / "cut", resume=True, on_step=lambda step: step == 4)
+    plan, (_, meta) = learn_state.load_plan(tmp_path / "cut"), learn_state.load_state(tmp_path / "cut")
+    s = plan["lr_search"]
     finite = [(x, r) for x, r in zip(s["excess"], s["rates"]) if x is not None]
     assert len(s["rates"]) >= len(s["grid"]) and s["chosen"] == min(finite)[1]
-    assert resumed.report["settings"]["lr"] == s["chosen"] and resumed.report["time"]["search_s"] == s["seconds"]
+    assert plan["lr"] == s["chosen"] == meta["settings"]["lr"] and meta["step"] == 4 and meta["settings"]["steps"] == 620
     assert len({x for x, _ in finite}) > 1  # the rates were told apart: the score depends on the rate
-    assert resumed.report["steps"] == 620
 
 
 def test_many_model_learning_refuses_what_belongs_to_pairs(tmp_path):

@@ -41,7 +41,7 @@ def _run(model_dir, tasks):
     from lm_eval.tasks import TaskManager
 
     res = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model_dir},dtype=float32",
-                                  tasks=["symmerge_tiny_ppl"], task_manager=TaskManager(include_path=str(tasks)),
+                                  tasks=["symmerge_tiny_ppl"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
                                   device="cpu", batch_size=1, log_samples=True)
     samples = sorted(res["samples"]["symmerge_tiny_ppl"], key=lambda s: s["doc_id"])
     return [float(s["resps"][0][0]) for s in samples]
