@@ -183,9 +183,6 @@ def _configs() -> dict:
 
 
 ARCHS = tuple(_configs())
-# mixtures of experts (in some layers at least)
-EXPERTS = frozenset(a for a, make in _configs().items() if getattr(make(), "num_experts_per_tok", 0))
-CLASSES = {"vit": T.ViTForImageClassification}
 #: one architecture of each block structure: LayerNorm with learned positions (gpt2), parallel blocks under two
 #: LayerNorms with partial RoPE (gpt_neox), under one (phi), under one weight-only LayerNorm with interleaved RoPE
 #: (cohere), RMSNorm with a gated MLP and GQA (llama), post-norms with a QK-norm per head (gemma3), post-norms alone
@@ -195,6 +192,20 @@ CLASSES = {"vit": T.ViTForImageClassification}
 #: says (its tensors, hooks, group) runs on every architecture (ARCHS).
 STRUCTURES = ("gpt2", "gpt_neox", "phi", "cohere", "llama", "gemma3", "olmo2", "olmo_clip", "qwen2_moe", "mixtral", "vit")
 assert set(STRUCTURES) <= set(ARCHS)
+
+
+def __getattr__(name: str):
+    """EXPERTS, the architectures with a mixture of experts (in some layers at least), made on first use: it builds
+    every config, which imports transformers' configuration modules (seconds), and a process that imports this
+    module without reading it (a torchrun worker) is spared that."""
+    if name == "EXPERTS":
+        return frozenset(a for a, make in _configs().items() if getattr(make(), "num_experts_per_tok", 0))
+    raise AttributeError(name)
+
+
+def model_class(arch: str):
+    """The stock class a test architecture's checkpoint loads as."""
+    return T.ViTForImageClassification if arch == "vit" else T.AutoModelForCausalLM
 
 
 def make_config(arch: str):
@@ -219,7 +230,7 @@ def make_model(arch: str, seed: int = 0, dtype=torch.float64):
     """A random stock HF model of the given test architecture, with non-trivial norm parameters."""
     torch.manual_seed(seed)
     config = make_config(arch)
-    cls = CLASSES.get(arch, T.AutoModelForCausalLM)
+    cls = model_class(arch)
     model = cls(config) if arch == "vit" else cls.from_config(config)
     return runnable(randomised(model, seed).to(dtype).eval())
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers as T
 
-from factories import CLASSES, example_inputs, logits, make_model
+from factories import example_inputs, logits, make_model, model_class
 from symmerge.cli import main
 from symmerge.store.gauge import MERGEKIT_FILE
 from symmerge.store.model import load_model, reference_gauge, save_model
@@ -19,7 +18,7 @@ ARCHS = ["gpt2", "llama", "llama_untied", "qwen3", "olmo2", "gemma2", "gpt_neox"
 
 
 def _stock(path, arch, dtype=torch.float64):
-    return CLASSES.get(arch, T.AutoModelForCausalLM).from_pretrained(path, dtype=dtype).eval()
+    return model_class(arch).from_pretrained(path, dtype=dtype).eval()
 
 
 def aligned_pair(tmp_path, arch, dtype=torch.float64, method="weight"):

@@ -38,10 +38,6 @@ def _align(m, o):
     return ["align", str(m["a"]), str(m["b"]), "-o", o, "--method", "weight", "--max-iters", "1"]
 
 
-def _interpolate(m, o):
-    return ["interpolate", str(m["a"]), str(m["b"]), "--lam", "0.5", "-o", o]
-
-
 def _merge(m, o):
     """OUT and, as one unit with it, `--aligned` OUT-aligned (a sibling: the test's folder holds both)."""
     return ["merge", str(m["a"]), str(m["b"]), "-o", o, "--aligned", f"{o}-aligned", "--max-rounds", "1", "--max-iters", "1"]
@@ -68,14 +64,11 @@ def _writing(out: Path) -> bool:
     return any(any(t.iterdir()) for t in out.parent.glob(f".{out.name}.tmp-*"))
 
 
-#: every writing command once and every window once: the commands write through one mechanism (`io.AtomicFolder`),
-#: so a command's kill at one window stands for the others; merge, the one that commits two folders as one, at
-#: each of its own
+#: each window and each signal once: the commands write through one mechanism (`io.AtomicFolder`), so a command's
+#: kill at one window stands for the others'; merge, the one that commits two folders as one, at each of its own
 KILLS = [
-    ("transform", _transform, _started, signal.SIGKILL),
     ("transform", _transform, _started, signal.SIGTERM),
     ("align-weight", _align, _writing, signal.SIGKILL),
-    ("interpolate", _interpolate, _writing, signal.SIGKILL),
     ("merge", _merge, _started, signal.SIGKILL),
     ("merge", _merge, _aligned_writing, signal.SIGKILL),
 ]
