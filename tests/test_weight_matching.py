@@ -15,7 +15,7 @@ import torch
 import transformers as T
 
 from checks import assert_different_function, assert_same_function, with_tensor_of
-from factories import ARCHS, example_inputs, make_model, rel_distance, save_model
+from factories import ARCHS, example_inputs, make_config, make_model, rel_distance, save_model
 from symmerge import SymmergeError, cli
 from symmerge.adapters import ADAPTERS
 from symmerge.algebra.apply import apply
@@ -30,11 +30,7 @@ from symmerge.store.model import build_hf_model, export_state_dict, load_model
 FAMILY_SETS = {"all": None, "permutations": ["head_perm", "ffn_perm"], "residual": ["residual_rotation"]}
 
 
-def _hf_class(arch: str) -> str:
-    return type(make_model(arch)).__name__
-
-
-SUPPORTED = [a for a in ARCHS if _hf_class(a) in ADAPTERS]
+SUPPORTED = [a for a in ARCHS if make_config(a).architectures[0] in ADAPTERS]  # the stock class the checkpoint names
 
 
 def _shape(arch, **kw) -> ModelShape:
