@@ -65,8 +65,8 @@ from ..algebra.spec import Spec
 from ..runtime.threads import one_thread
 from ..store.model import as_parts, in_memory
 from ..store.parts import Parts, part_keys
+from .norms import sqdist, sqnorm
 from .part_cache import PartCache
-from .residual import sqdist, sqnorm
 from .weight import weight_match
 
 #: the rounds' stop rule: a round that improves the objective by at most this much, relative, is the last

@@ -24,17 +24,9 @@ import torch
 from ..algebra import groups as G
 from ..algebra.spec import ROTATION, SCALE, Spec
 from .costs import along
+from .norms import sqdist, sqnorm
 from .solvers import best_rotation
 from .weight_products import EXACT, Products, cross
-
-
-def sqnorm(x: torch.Tensor) -> float:
-    """`||x||^2` (in the tensor's precision: float32 algebra gives float32-accurate objectives)."""
-    return float(torch.linalg.vector_norm(x)) ** 2
-
-
-def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
-    return sqnorm(x - y)
 
 
 class ResidualFit:

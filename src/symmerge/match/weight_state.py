@@ -11,7 +11,7 @@ import torch
 from ..algebra.apply import apply
 from ..algebra.spec import Spec
 from . import near_ties
-from .residual import sqdist, sqnorm
+from .norms import sqdist, sqnorm
 
 
 class State:
