@@ -53,7 +53,9 @@ def _sq(v: torch.Tensor) -> torch.Tensor:
 
 
 def sqnorm(x: torch.Tensor) -> float:
-    """`||x||^2`, chunk by chunk (see the module docstring)."""
+    """`||x||^2`, chunk by chunk (see the module docstring); a tensor of at most one chunk in one reduction."""
+    if x.numel() <= CHUNK:
+        return float(torch.linalg.vector_norm(x)) ** 2
     return float(sum(_sq(v) for v in _pieces(x, _rows(x))))
 
 
@@ -61,6 +63,8 @@ def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
     """`||x - y||^2` for tensors of one shape, the difference formed BLOCK entries at a time in one buffer."""
     if x.shape != y.shape:
         raise ValueError(f"sqdist of tensors of shapes {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.numel() <= CHUNK:
+        return float(torch.linalg.vector_norm(x - y)) ** 2
     rows = _rows(x)
     buf = torch.empty(min(rows * _per_row(x), max(x.numel(), 1)), dtype=torch.result_type(x, y), device=x.device)
     total = 0.0
