@@ -22,10 +22,6 @@ import torch
 
 from dist_common import CHARS, HERE, align, env, launch_cli, load, outputs_rel, rel, takes_one_process_steps, torchrun
 
-#: on one pytest-xdist worker (`--dist loadgroup`), so the session fixtures they share (`conftest.dist_pair`,
-#: `one_process`, `half_rows`) are built once
-pytestmark = pytest.mark.xdist_group("torchrun")
-
 
 def _train_val():
     """Global batches of 4 rows; some labels of the first two rows (rank 0's) are -100, so the ranks'

@@ -22,10 +22,6 @@ import torch
 
 from dist_common import HERE, align, env, launch_cli, takes_one_process_steps, torchrun
 
-#: on one pytest-xdist worker (`--dist loadgroup`), so the session fixtures they share (`conftest.dist_pair`,
-#: `one_process`, `half_rows`) are built once
-pytestmark = pytest.mark.xdist_group("torchrun")
-
 
 def _orders(n: int) -> dict[str, list]:
     """The parts the block-wise forward asks for (the ends' materialisation, the embedding's rows, the

@@ -8,13 +8,7 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 from dist_common import align, env, free_port, takes_one_process_steps, torchrun
-
-#: on one pytest-xdist worker (`--dist loadgroup`), so the session fixtures they share (`conftest.dist_pair`,
-#: `one_process`, `half_rows`) are built once
-pytestmark = pytest.mark.xdist_group("torchrun")
 
 
 def test_two_agents_take_the_single_process_steps(dist_pair, one_process, half_rows, tmp_path):
