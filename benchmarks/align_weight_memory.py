@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,31 +42,16 @@ PHASES = [
 
 
 def child(argv: list[str]) -> None:
-    """The command in this process, its phases wrapped; the phases and the peak as the last line (JSON)."""
-    import importlib
+    """The command in this process, its phases wrapped (`learned_memory.phase_child`)."""
+    from learned_memory import phase_child
 
-    from learned_memory import PhaseLog
-
-    from symmerge.cli import main as symmerge_main
-
-    log = PhaseLog()
-    for module, attr, label in PHASES:
-        owner = importlib.import_module(module)
-        *path, name = attr.split(".")
-        for p in path:
-            owner = getattr(owner, p)
-        setattr(owner, name, log.wrap(getattr(owner, name), label))
-    rc = symmerge_main(argv)
-    log._fold()
-    print(json.dumps({"rc": rc, "peak": log.top, "phases": log.rows}), flush=True)
+    phase_child(argv, PHASES)
 
 
 def run(a: Path, b: Path, out: Path, precision: str, threads: int) -> dict:
     argv = ["align", str(a), str(b), "-o", str(out), "--method", "weight", "--max-iters", "1", "--precision", precision,
             "--force"]
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TQDM_DISABLE": "1"}
-    import os
-
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(argv)], capture_output=True, text=True,
                           env={**os.environ, **env})

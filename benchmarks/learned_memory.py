@@ -208,14 +208,15 @@ class PhaseLog:
         return inner
 
 
-def phase_child(argv: list[str]) -> None:
-    """`symmerge` with `argv` in this process, every phase of `PHASES` wrapped by a `PhaseLog`."""
+def phase_child(argv: list[str], phases: list[tuple[str, str, str]] = PHASES) -> None:
+    """`symmerge` with `argv` in this process, every phase of `phases` wrapped by a `PhaseLog`; the phases and the
+    peak as the last line (JSON)."""
     import importlib
 
     from symmerge.cli import main as symmerge_main
 
     log = PhaseLog()
-    for module, attr, label in PHASES:
+    for module, attr, label in phases:
         owner = importlib.import_module(module)
         *path, name = attr.split(".")
         for p in path:
