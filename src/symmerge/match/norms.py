@@ -22,22 +22,22 @@ CHUNK = 1 << 16
 BLOCK = 1 << 22
 
 
+# the chunked path below sees only tensors of more than CHUNK entries: at least one dimension, no empty axis
+
+
 def _pieces(x: torch.Tensor, rows: int):
     """`x` flattened, `rows` leading rows at a time (views where x is contiguous, else copies of one piece)."""
-    if x.dim() == 0:
-        yield x.reshape(1)
-        return
     for piece in x.split(rows, dim=0):
         yield piece.reshape(-1)
 
 
 def _per_row(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[0] if x.dim() > 0 and x.shape[0] else 1
+    return x.numel() // x.shape[0]
 
 
 def _rows(x: torch.Tensor) -> int:
     """Leading rows of `x` that make at most BLOCK entries (at least one)."""
-    return max(1, BLOCK // max(_per_row(x), 1))
+    return max(1, BLOCK // _per_row(x))
 
 
 def _sq(v: torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,7 @@ def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
     if x.numel() <= CHUNK:
         return float(torch.linalg.vector_norm(x - y)) ** 2
     rows = _rows(x)
-    buf = torch.empty(min(rows * _per_row(x), max(x.numel(), 1)), dtype=torch.result_type(x, y), device=x.device)
+    buf = torch.empty(min(rows * _per_row(x), x.numel()), dtype=torch.result_type(x, y), device=x.device)
     total = 0.0
     for u, w in zip(_pieces(x, rows), _pieces(y, rows)):
         total = total + _sq(torch.sub(u, w, out=buf[:u.numel()]))
