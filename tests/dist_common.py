@@ -138,7 +138,7 @@ def takes_one_process_steps(out: Path, report: Path, one_process: Path, half_row
 
 def launch_cli(calls: list[dict], cwd: Path, nproc: int = 2, timeout: float = 400) -> tuple[subprocess.CompletedProcess, list]:
     """torchrun with `nproc` processes on `cli_calls` (each call: argv, log prefix, optional rank1_cwd);
-    returns the launch and, per call, every rank's {rc, stderr}."""
+    returns the launch and, per call, every rank's {rc, stdout, stderr}."""
     for call in calls:
         call["port"] = free_port()
     spec = Path(calls[0]["log"]).parent / "calls.json"
@@ -151,7 +151,7 @@ def launch_cli(calls: list[dict], cwd: Path, nproc: int = 2, timeout: float = 40
 
 def cli_calls(calls: list[dict]) -> int:
     """`symmerge` command lines one after the other in the same processes; each rank records its exit
-    code and stderr. With `rank1_cwd` rank 1 runs in that folder, where relative inputs are missing."""
+    code, stdout and stderr. With `rank1_cwd` rank 1 runs in that folder, where relative inputs are missing."""
     from symmerge.cli import main
 
     home, rank, world = os.getcwd(), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -164,11 +164,12 @@ def cli_calls(calls: list[dict]) -> int:
         while not all(Path(f"{call['log']}.start{r}").exists() for r in range(world)):
             time.sleep(0.05)
         os.chdir(call.get("rank1_cwd") or home if rank == 1 else home)
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(call["argv"])
         os.chdir(home)
-        Path(f"{call['log']}.rank{rank}.json").write_text(json.dumps({"rc": rc, "stderr": err.getvalue()}))
+        Path(f"{call['log']}.rank{rank}.json").write_text(json.dumps({"rc": rc, "stdout": out.getvalue(),
+                                                                      "stderr": err.getvalue()}))
     return 0
 
 

@@ -246,63 +246,105 @@ def test_a_rank_that_dies_or_hangs_ends_the_others(dirs, tmp_path, fault):
     assert "SYMMERGE_DIST_TIMEOUT=5s" in error
 
 
-def test_align_under_torchrun(dist_pair, one_process, half_rows, tmp_path):
+def _merge(dirs, third, out, *extra) -> list[str]:
+    """`merge` of the random pair and a third model on the pair's text (batches of 4)."""
+    return ["merge", str(dirs[0]), str(dirs[1]), str(third), "-o", str(out), "--data", str(dirs[0].parent / "text.txt"),
+            "--batch-size", "4", "--max-batches", "3", *extra]
+
+
+#: the learned merge's settings (a few dual steps)
+LEARNED_MERGE = ("--method", "dual", "--steps", "4", "--eval-every", "2", "--lr", "0.05", "--val-batches", "2")
+
+
+@pytest.fixture(scope="module")
+def commands(dist_pair, dirs, tmp_path_factory):
+    """One launch of `python -m symmerge` command lines in 2 processes (process start-up is most of a launch's
+    time), run in the pair's folder: `align --method dual` as it is, with batches of 3 rows (1 and 2 per rank)
+    and of 1 row, and with rank 1 where the inputs are missing; with `--shard-endpoints`, and with a mesh of 3;
+    `merge --method dual` of three models. Returns the folder, the pair's folder listing before the launch,
+    the third model and every call's log by name."""
+    from factories import make_model, save_model
+    from symmerge.data.tokenizers import char_tokenizer
+
+    tmp = tmp_path_factory.mktemp("commands")
+    root, empty, bad = dist_pair[0].parent, tmp / "empty", tmp / "bad"
+    empty.mkdir()
+    bad.mkdir()
+    third = save_model(make_model("gpt2", 2), tmp / "c")
+    char_tokenizer(CHARS).save_pretrained(third)
+    argvs = {"two": align(*dist_pair, tmp / "two", "--json", str(tmp / "two.json")),
+             "odd": align(*dist_pair, tmp / "odd", "--batch-size", "3"),
+             "one": align(*dist_pair, tmp / "one", "--batch-size", "1"),
+             "lost": align("a", "b", tmp / "lost"),
+             "sharded": align(*dist_pair, tmp / "sharded", "--shard-endpoints", "--json", str(tmp / "sharded.json")),
+             "mesh": align(*dist_pair, bad / "out", "--shard-endpoints", "3"),
+             "merge": _merge(dirs, third, tmp / "merge", *LEARNED_MERGE, "--json", str(tmp / "merge.json"))}
+    calls = [{"argv": argv, "log": str(tmp / f"log-{name}"), **({"rank1_cwd": str(empty)} if name == "lost" else {})}
+             for name, argv in argvs.items()]
+    before = sorted(p.name for p in root.iterdir())
+    _, logs = launch_cli(calls, root)
+    return {"tmp": tmp, "root": root, "before": before, "third": third, "logs": dict(zip(argvs, logs))}
+
+
+def _wrote_once(log: list[dict]) -> bool:
+    """Rank 0 alone printed that it wrote the output."""
+    return log[0]["stdout"].count("wrote ") == 1 and "wrote " not in log[1]["stdout"]
+
+
+def test_align_under_torchrun(commands, dist_pair, one_process, half_rows):
     """`python -m symmerge align --method dual` in 2 processes writes what one process writes (rank 0
     alone writes), also where the processes take unequal parts of a batch (3 rows: 1 and 2); a batch with
     fewer rows than processes, and a rank without the input checkpoints, are refused with one line on rank 0,
     exit != 0 on every rank, nothing written."""
     from symmerge.cli import main
 
-    root, empty = dist_pair[0].parent, tmp_path / "empty"
-    empty.mkdir()
-    calls = [{"argv": align(*dist_pair, tmp_path / "two", "--json", str(tmp_path / "two.json")), "log": str(tmp_path / "ok")},
-             {"argv": align(*dist_pair, tmp_path / "odd", "--batch-size", "3"), "log": str(tmp_path / "odd")},
-             {"argv": align(*dist_pair, tmp_path / "one", "--batch-size", "1"), "log": str(tmp_path / "one")},
-             {"argv": align("a", "b", tmp_path / "lost"), "log": str(tmp_path / "lost"), "rank1_cwd": str(empty)}]
-    before = sorted(p.name for p in root.iterdir())
-    proc, (ok, odd, one, lost) = launch_cli(calls, root)
+    tmp, logs = commands["tmp"], commands["logs"]
+    ok, odd, one, lost = (logs[k] for k in ("two", "odd", "one", "lost"))
     assert [x["rc"] for x in ok] == [0, 0] and [x["rc"] for x in odd] == [0, 0], (ok, odd)
-    assert proc.stdout.count("wrote ") == 2, proc.stdout
-    takes_one_process_steps(tmp_path / "two", tmp_path / "two.json", one_process, half_rows)
-    assert not (tmp_path / "two.learn-state").exists()
-    assert main(align(*dist_pair, tmp_path / "odd-alone", "--batch-size", "3")) == 0
-    assert outputs_rel(tmp_path / "odd", tmp_path / "odd-alone") < 1e-5
-    assert outputs_rel(tmp_path / "odd", one_process / "out") > 1e-3  # the control: batches of 3 make other steps
+    assert _wrote_once(ok) and _wrote_once(odd), (ok, odd)
+    takes_one_process_steps(tmp / "two", tmp / "two.json", one_process, half_rows)
+    assert not (tmp / "two.learn-state").exists()
+    assert main(align(*dist_pair, tmp / "odd-alone", "--batch-size", "3")) == 0
+    assert outputs_rel(tmp / "odd", tmp / "odd-alone") < 1e-5
+    assert outputs_rel(tmp / "odd", one_process / "out") > 1e-3  # the control: batches of 3 make other steps
     for log, words in ((one, "fewer than the 2 processes"), (lost, "rank 1: ")):
         assert [x["rc"] for x in log] == [2, 2], log
         assert words in log[0]["stderr"] and log[0]["stderr"].count("error:") == 1, log
         assert log[1]["stderr"] == "", log  # printed once, by rank 0
     assert "b is not a folder" in lost[0]["stderr"], lost
-    assert not list(tmp_path.glob("one*.learn-state")) and not (tmp_path / "one").exists() and not (tmp_path / "lost").exists()
-    assert sorted(p.name for p in root.iterdir()) == before
+    assert not list(tmp.glob("one*.learn-state")) and not (tmp / "one").exists() and not (tmp / "lost").exists()
+    assert sorted(p.name for p in commands["root"].iterdir()) == commands["before"]
 
 
-def test_merge_of_three_under_torchrun_takes_the_single_process_steps(dirs, tmp_path):
+def test_align_sharded_under_torchrun(commands, one_process, half_rows):
+    """With the endpoints sharded on FSDP2 (`--shard-endpoints`, test_fsdp.py tests the store) the command
+    takes the one-process steps; a mesh of 3 does not divide 2 processes: one line on rank 0, exit 2 on both,
+    nothing written, no temporary folder."""
+    tmp, ok, mesh = commands["tmp"], commands["logs"]["sharded"], commands["logs"]["mesh"]
+    assert [x["rc"] for x in ok] == [0, 0] and _wrote_once(ok), ok
+    takes_one_process_steps(tmp / "sharded", tmp / "sharded.json", one_process, half_rows)
+    assert [x["rc"] for x in mesh] == [2, 2], mesh
+    lines = mesh[0]["stderr"].strip().splitlines()
+    assert len(lines) == 1 and "--shard-endpoints 3" in lines[0] and "does not divide the 2 processes" in lines[0], lines
+    assert mesh[1]["stderr"] == ""
+    assert list((tmp / "bad").iterdir()) == []
+
+
+def test_merge_of_three_under_torchrun_takes_the_single_process_steps(commands, dirs, tmp_path):
     """`python -m symmerge merge --method dual` of three models in 2 processes (each its rows of every batch)
     writes what one process writes, to 1e-5 relative (float32 sums in another order); rank 0 alone writes.
     Negative control: the learned merge is not the weight-matching merge it started from."""
-    from factories import make_model, save_model
     from symmerge.cli import main
-    from symmerge.data.tokenizers import char_tokenizer
 
-    third = save_model(make_model("gpt2", 2), tmp_path / "c")
-    char_tokenizer(CHARS).save_pretrained(third)
-
-    def merge(out, *extra) -> list[str]:
-        return ["merge", str(dirs[0]), str(dirs[1]), str(third), "-o", str(out), "--data", str(dirs[0].parent / "text.txt"),
-                "--batch-size", "4", "--max-batches", "3", *extra]
-
-    learned = ("--method", "dual", "--steps", "4", "--eval-every", "2", "--lr", "0.05", "--val-batches", "2")
-    proc = _launch("-m", "symmerge", *merge(tmp_path / "two", *learned, "--json", str(tmp_path / "two.json")))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("wrote ") == 1, proc.stdout
-    assert main(merge(tmp_path / "one", *learned, "--json", str(tmp_path / "one.json"))) == 0
-    two, one = load(tmp_path / "two" / "model.safetensors"), load(tmp_path / "one" / "model.safetensors")
+    tmp, log, third = commands["tmp"], commands["logs"]["merge"], commands["third"]
+    assert [x["rc"] for x in log] == [0, 0] and _wrote_once(log), log
+    assert main(_merge(dirs, third, tmp_path / "one", *LEARNED_MERGE, "--json", str(tmp_path / "one.json"))) == 0
+    two, one = load(tmp / "merge" / "model.safetensors"), load(tmp_path / "one" / "model.safetensors")
     assert rel(two, one) < 1e-5
-    r2, r1 = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
+    r2, r1 = (json.loads(p.read_text()) for p in (tmp / "merge.json", tmp_path / "one.json"))
     assert [h["objective"] for h in r2["history"]] == pytest.approx([h["objective"] for h in r1["history"]], rel=1e-5)
-    assert not (tmp_path / "two.learn-state").exists()
-    assert main(merge(tmp_path / "weight")) == 0
+    assert not (tmp / "merge.learn-state").exists()
+    assert main(_merge(dirs, third, tmp_path / "weight")) == 0
     assert rel(load(tmp_path / "weight" / "model.safetensors"), one) > 1e-4
 
 

@@ -4,9 +4,10 @@
   checkpoint's dtype and in bfloat16, over every process (a 1-D mesh) and over groups of 2 (a 2 x 2 mesh,
   replicated across the groups); each process keeps about 1/K of the endpoint; the next block's gather is
   started ahead in the forward's order and in the backward's (its recomputation).
-- The command line: `torchrun --nproc-per-node 2 -m symmerge align --method dual --shard-endpoints` writes
-  what one process writes (float32, 1e-5 relative; negative control: the first process's rows alone),
-  and a mesh that does not divide the processes is refused with one line, exit != 0, nothing written.
+- The command line: a mesh larger than the one process started is refused with one line. Under torchrun,
+  `align --method dual --shard-endpoints` is tested in test_distributed.py, in its one launch of the
+  command lines: it writes what one process writes, and a mesh that does not divide the processes is
+  refused with one line, exit != 0, nothing written.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_common import HERE, align, env, launch_cli, takes_one_process_steps, torchrun
+from dist_common import HERE, align, env, torchrun
 
 
 def _orders(n: int) -> dict[str, list]:
@@ -96,25 +97,6 @@ def test_the_next_block_is_gathered_ahead(stores, dist_pair):
     for rank in stores:
         for case, r in rank.items():
             assert (r["forward"]["prefetched"], r["backward"]["prefetched"]) == (n, n - 1), case
-
-
-def test_align_sharded_under_torchrun(dist_pair, one_process, half_rows, tmp_path):
-    """The command line under 2 processes with the endpoints sharded takes the one-process steps; a mesh of
-    3 does not divide 2 processes: one line on rank 0, exit 2 on both, nothing written, no temporary folder."""
-
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    calls = [{"argv": align(*dist_pair, tmp_path / "sharded", "--shard-endpoints", "--json", str(tmp_path / "sharded.json")),
-              "log": str(tmp_path / "ok")},
-             {"argv": align(*dist_pair, bad / "out", "--shard-endpoints", "3"), "log": str(tmp_path / "mesh")}]
-    proc, (ok, mesh) = launch_cli(calls, tmp_path)
-    assert [x["rc"] for x in ok] == [0, 0], ok
-    takes_one_process_steps(tmp_path / "sharded", tmp_path / "sharded.json", one_process, half_rows)
-    assert [x["rc"] for x in mesh] == [2, 2], mesh
-    lines = mesh[0]["stderr"].strip().splitlines()
-    assert len(lines) == 1 and "--shard-endpoints 3" in lines[0] and "does not divide the 2 processes" in lines[0], lines
-    assert mesh[1]["stderr"] == ""
-    assert list(bad.iterdir()) == []
 
 
 def test_a_mesh_larger_than_one_process_is_refused(dist_pair, tmp_path, capsys):
