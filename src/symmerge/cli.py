@@ -15,9 +15,10 @@ import threading
 from safetensors import SafetensorError
 
 from .errors import SymmergeError
-from .runtime import distributed
-from .store import hub, provenance
 from .version import __version__
+
+#: what `symmerge --version` prints
+VERSION = f"symmerge {__version__}"
 
 #: modules under symmerge.commands, each with register(subparsers)
 COMMANDS = ("inspect", "transform", "expand", "align", "merge", "interpolate", "barrier", "train", "eval", "demo")
@@ -43,7 +44,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="symmerge", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"symmerge {__version__}")
+    parser.add_argument("--version", action="version", version=VERSION)
     sub = parser.add_subparsers(dest="command", required=True)  # subparsers are Parsers too
     for name in COMMANDS:
         importlib.import_module(f"symmerge.commands.{name}").register(sub)
@@ -52,11 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _terminate(signum, frame):
     """SIGTERM unwinds like Ctrl-C, so that every `AtomicFolder` removes its temporary folder."""
+    from .runtime import distributed
+
     why = " (by torchrun, which stops every process once one fails: see that one's error)" if distributed.launched() else ""
     raise KeyboardInterrupt(f"terminated{why}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code. `--version` alone answers before the commands (and torch) are imported."""
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        print(VERSION)
+        return 0
+    from .runtime import distributed
+    from .store import hub, provenance
+
     args = build_parser().parse_args(argv)
     provenance.record_command(sys.argv[1:] if argv is None else argv)  # as typed, for the outputs' model cards
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
