@@ -33,7 +33,9 @@ def write_streaming(model: ModelParts, transform: Callable[[Params], Params], ou
     more files (name -> text) written into OUT. `into`: an empty folder the caller made (the temporary
     folder of a write it commits, `io.AtomicFolders`), written directly, `out` then only named.
     The parts are transformed and exported on one thread (`threads.one_thread`): the written bytes do not
-    depend on the thread count."""
+    depend on the thread count. `transform` acts on each tensor alone (a group element's `apply`, the
+    identity): the ends are given to it one tensor at a time, each read tensor let go once transformed, so
+    the vocabulary-sized inputs and outputs are not all held at once."""
     with one_thread():
         return _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes, progress, gauge, side, into)
 
@@ -41,7 +43,7 @@ def write_streaming(model: ModelParts, transform: Callable[[Params], Params], ou
 def _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes, progress, gauge, side, into) -> Path:
     out = prepare_output(out, force) if into is None else Path(out)
     dtype = dtype or model.dtype
-    ends = transform(model.ends())
+    ends = _transformed(model.ends(), transform)
     probe = _bias_probe(model, ends, None if gauge is None else lambda block: gauge.canonical(transform(block), model.shape)[0])
     config = model.adapter.export_config(model.config, model.shape, {**ends, **probe})
     config.tie_word_embeddings = tied_scale(ends, model.shape, gauge) is not None
@@ -66,6 +68,15 @@ def _write_streaming(model, transform, out, force, dtype, extra, max_shard_bytes
             write_metadata(tmp, extra, getattr(model, "meta", None))
         for name, text in (side or {}).items():
             (tmp / name).write_text(text)
+    return out
+
+
+def _transformed(part: Params, transform: Callable[[Params], Params]) -> Params:
+    """`transform(part)` for a transform that acts tensor by tensor, given one tensor at a time and emptying `part`
+    as it goes (its tensors are freed as they are transformed where nothing else holds them)."""
+    out = {}
+    for name in list(part):
+        out.update(transform({name: part.pop(name)}))
     return out
 
 
