@@ -167,6 +167,8 @@ def export_params(adapter, s, params: Params, gauge: Gauge | None, tie: bool = T
     g = tied_scale(params, s, gauge) if tie else None
     hf_norms = {}
     if gauge is not None:
+        if g is not None:  # the head is written as the embedding (below): it is not unfolded, a copy of its size
+            params = {k: v for k, v in params.items() if k != "head.W_U"}
         params, hf_norms = gauge.canonical(params, s)
     if g is not None:
         params = {**params, "head.W_U": params["embed.W_E"]}
