@@ -235,3 +235,28 @@ def test_weight_matching_workers_give_the_same_bits(tmp_path):
         outs[name] = _all_tensors(tmp_path / name)
     assert outs["one"].keys() == outs["two"].keys()
     assert all(torch.equal(outs["one"][k], outs["two"][k]) for k in outs["one"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_read_tensor_is_the_readers_own(dtype, tmp_path):
+    """`LazyModel.get` returns a tensor of the caller's own, also where the checkpoint already holds the reading
+    precision (the adapters scale a read head in place): a change to one read leaves the next read, the tied
+    embedding behind the head, and the file as they were. Control: safetensors' own reads of one open file share
+    their memory, so an in-place change to one is seen by the other."""
+    from safetensors import safe_open
+
+    folder = tmp_path / "m"
+    make_model("llama", seed=0).to(dtype).save_pretrained(folder)  # the factory's Llama is tied
+    lazy = LazyModel(folder, dtype=dtype)
+    name = "model.embed_tokens.weight"
+    first = lazy.get(name)
+    want = first.clone()
+    first.mul_(3.0)
+    assert torch.equal(lazy.get(name), want)
+    head, embed = lazy.part("final")["head.W_U"], lazy.part("embed")["embed.W_E"]
+    gamma = lazy.get("model.norm.weight")
+    assert torch.equal(embed, want) and torch.allclose(head, want * gamma, rtol=0, atol=0)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        x, y = f.get_tensor(name), f.get_tensor(name)
+        x.mul_(3.0)
+        assert torch.equal(y, x)

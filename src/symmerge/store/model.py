@@ -166,7 +166,9 @@ class LazyModel(ModelParts):
             if default:
                 return default[0]
             raise SymmergeError(f"{self.path}: tensor {name} is missing; the checkpoint does not match its config.json")
-        t = self._names.get(name).to(self.compute_dtype)
+        # a copy of its own (`adapters.base.Getter`): a tensor as safetensors returns it shares its memory with
+        # every other read of it from the same open file
+        t = self._names.get(name).to(self.compute_dtype, copy=True)
         # a sum is finite when every entry is (the exact check runs only if it is not: a sum can overflow)
         if not math.isfinite(float(t.sum())) and not torch.isfinite(t).all():
             raise SymmergeError(f"{self.path}: tensor {name} contains NaN or Inf; the checkpoint is broken")
