@@ -170,6 +170,11 @@ _FIGURES = [
            refs=(Ref("learned_memory", "cli", "align --method dual, pythia-1.4b-L24", "maximum RSS"),
                  Ref("learned_memory", "cli", "align --method dual, pythia-1.4b-L24", "target")),
            command="benchmarks/learned_memory.py", page=LIMITATIONS),
+    Figure("two-models-weight-memory", P("the head tied; {} GB of bf16 endpoints together) `align --method weight` "
+                                         "peaked at {} GB, and at {} GB with `--precision float32`"), "benchmark",
+           refs=tuple(Ref("align_weight_memory", "gemma-3-1b-L2", p, c) for p, c in
+                      (("float64", "endpoints"), ("float64", "peak RSS"), ("float32", "peak RSS"))),
+           command="benchmarks/align_weight_memory.py --shape gemma-3-1b --layers 2", page=TWO_MODELS),
     Figure("limitations-blocks-activation", P("(e.g. ViT {} against {}, Llama {} against {})"), "benchmark",
            refs=(_activation(VIT01, ACTIVATION), _activation(VIT01, WEIGHT), _activation(LLAMA01, ACTIVATION),
                  _activation(LLAMA01, WEIGHT)), command=ACT_DIAG, page=LIMITATIONS),
