@@ -214,18 +214,19 @@ def test_merge_aligned_endpoints_average_to_out(tmp_path, arch):
 
 
 def test_tied_scale_reads_every_row_a_few_rows_at_a_time(monkeypatch):
-    """`tied_scale` compares the head with the embedding ROW_BLOCK entries at a time: γ' over every row, and a
-    head that differs in the last row alone is not tied (control: a check that skipped a block would tie it)."""
+    """`tied_scale` compares the head with the embedding a few rows at a time (`runtime.row_blocks`): γ' over every
+    row, and a head that differs in the last row alone is not tied (control: a check that skipped a block would tie it)."""
     from types import SimpleNamespace
 
+    from symmerge.runtime import row_blocks
     from symmerge.store import gauge
 
     gen = torch.Generator().manual_seed(0)
     e = torch.randn(37, 5, dtype=torch.float64, generator=gen)
     g = torch.rand(5, dtype=torch.float64, generator=gen) + 0.5
     s = SimpleNamespace(tied=True, centred=False)
-    monkeypatch.setattr(gauge, "ROW_BLOCK", 12)  # two rows at a time
-    assert len(gauge._row_slices(e)) == 19
+    monkeypatch.setattr(row_blocks, "ENTRIES", 12)  # two rows at a time
+    assert len(row_blocks.row_slices(e)) == 19
     assert torch.allclose(gauge.tied_scale({"embed.W_E": e, "head.W_U": e * g}, s), g, rtol=1e-12, atol=0)
     u = e * g
     u[-1, 0] += 1e-6

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from symmerge.match.norms import BLOCK, sqdist, sqnorm
+from symmerge.match.norms import sqdist, sqnorm
+from symmerge.runtime.row_blocks import ENTRIES as BLOCK
 
 
 def _rel(got: float, want: float) -> float:

@@ -61,14 +61,15 @@ def _terminate(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. `--version` alone answers before the commands (and torch) are imported."""
-    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+    typed = sys.argv[1:] if argv is None else argv
+    if typed == ["--version"]:
         print(VERSION)
         return 0
     from .runtime import distributed
     from .store import hub, provenance
 
     args = build_parser().parse_args(argv)
-    provenance.record_command(sys.argv[1:] if argv is None else argv)  # as typed, for the outputs' model cards
+    provenance.record_command(typed)  # as typed, for the outputs' model cards
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
     if distributed.idle(args):  # under torchrun, a command that does not spread runs in the first process

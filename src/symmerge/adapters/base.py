@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..algebra.canonical import fold_norm, mean_free, merge_o, merge_q, split_kv, split_o, split_q
+from ..algebra.canonical import fold_norm, mean_free, merge_o, merge_q, scale_residual, split_kv, split_o, split_q
 from ..algebra.shape import ModelShape
 from ..errors import SymmergeError
 
@@ -357,20 +357,15 @@ def final_norm_to_canonical(w_u, b_u, gamma, beta, eps: float) -> dict[str, torc
     head). Where the product's dtype is not `w_u`'s (a float64 γ on a float32 head) it is a new tensor."""
     out = {"norm.eps": torch.tensor(eps, dtype=torch.float64)}
     if b_u is not None or beta is None:
-        b = None if b_u is None else (b_u.clone() if beta is None else b_u + w_u @ beta)  # from the unscaled head
-        out["head.W_U"] = _scaled(w_u, gamma)
-        if b is not None:
+        w, b = fold_norm(w_u, b_u, gamma, beta, in_place=True)
+        out["head.W_U"] = w
+        if b_u is not None:
             out["head.b_U"] = b
         return out
     require(bool((gamma != 0).all()), "the final norm has zero weights and the head has no bias: cannot fold its bias")
-    out["head.W_U"] = _scaled(w_u, gamma)
+    out["head.W_U"] = scale_residual(w_u, gamma, in_place=True)
     out["final.b_norm"] = beta / gamma
     return out
-
-
-def _scaled(w: torch.Tensor, gamma) -> torch.Tensor:
-    """`w * gamma` (γ along the last axis), in place where the product keeps `w`'s dtype."""
-    return w.mul_(gamma) if torch.result_type(w, gamma) == w.dtype else w * gamma
 
 
 def head_weight(get, embed: str) -> torch.Tensor:

@@ -29,13 +29,20 @@ import torch
 POST_NORM = ("final.b_norm",)
 
 
-def fold_norm(w: torch.Tensor, b: torch.Tensor | None, gamma: torch.Tensor, beta: torch.Tensor | None):
-    """Fold `x -> n * gamma + beta` into the reader `y = x W^T + b`; W: [out, d_model]."""
-    w_new = w * gamma  # scales the residual (last) axis
+def fold_norm(w: torch.Tensor, b: torch.Tensor | None, gamma: torch.Tensor, beta: torch.Tensor | None,
+              in_place: bool = False):
+    """Fold `x -> n * gamma + beta` into the reader `y = x W^T + b`; W: [out, d_model]. `in_place`: `w` is the
+    caller's own and is scaled in place (`scale_residual`)."""
     b_new = torch.zeros(w.shape[0], dtype=w.dtype) if b is None else b.clone()
     if beta is not None:
-        b_new = b_new + w @ beta
-    return w_new, b_new
+        b_new = b_new + w @ beta  # the unscaled reader
+    return scale_residual(w, gamma, in_place), b_new
+
+
+def scale_residual(w: torch.Tensor, gamma, in_place: bool = False) -> torch.Tensor:
+    """`w * gamma` along the residual (last) axis; with `in_place`, into `w` itself where the product keeps `w`'s
+    dtype (a vocabulary-sized head read for the purpose: no second copy), else a new tensor."""
+    return w.mul_(gamma) if in_place and torch.result_type(w, gamma) == w.dtype else w * gamma
 
 
 def mean_free(t: torch.Tensor, axis: int) -> torch.Tensor:

@@ -5,21 +5,22 @@ vocabulary's embedding (262,144 x 1,152 at Gemma-3-1B shape, 3e8 entries). One r
 is not accurate in float32: `torch.linalg.vector_norm` of 3e8 standard normal float32 entries is 9% low on the
 CPU (5e-4 at 8e6 entries), which would misplace the objective, and its comparisons, by far more than float32's
 rounding. Here each tensor is reduced in chunks of `CHUNK` entries in its own precision (about 1e-7 relative
-in float32), the chunks' sums added in float64. A distance is formed `BLOCK` entries at a time, so `x - y`
-never exists whole (a float64 embedding's difference alone would be 2.4 GB at that shape).
+in float32), the chunks' sums added in float64. A distance is formed a few rows at a time (`runtime.row_blocks`:
+at most `ENTRIES` entries), so `x - y` never exists whole (a float64 embedding's difference alone would be 2.4 GB
+at that shape).
 
 Where it fails: the chunks' own sums carry float32's rounding, so float32 objectives agree with float64's to
-about 1e-7 relative, not to float64's precision; a tensor's rows larger than `BLOCK` are formed one row at a time.
+about 1e-7 relative, not to float64's precision; a tensor's rows larger than `ENTRIES` are formed one row at a time.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..runtime.row_blocks import rows_at_once
+
 #: entries reduced at once in the tensor's precision (each chunk's sum accurate to about 1e-7 in float32)
 CHUNK = 1 << 16
-#: entries of a difference formed at once (the transient of `sqdist`)
-BLOCK = 1 << 22
 
 
 # the chunked path below sees only tensors of more than CHUNK entries: at least one dimension, no empty axis
@@ -29,15 +30,6 @@ def _pieces(x: torch.Tensor, rows: int):
     """`x` flattened, `rows` leading rows at a time (views where x is contiguous, else copies of one piece)."""
     for piece in x.split(rows, dim=0):
         yield piece.reshape(-1)
-
-
-def _per_row(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[0]
-
-
-def _rows(x: torch.Tensor) -> int:
-    """Leading rows of `x` that make at most BLOCK entries (at least one)."""
-    return max(1, BLOCK // _per_row(x))
 
 
 def _sq(v: torch.Tensor) -> torch.Tensor:
@@ -56,17 +48,17 @@ def sqnorm(x: torch.Tensor) -> float:
     """`||x||^2`, chunk by chunk (see the module docstring); a tensor of at most one chunk in one reduction."""
     if x.numel() <= CHUNK:
         return float(torch.linalg.vector_norm(x)) ** 2
-    return float(sum(_sq(v) for v in _pieces(x, _rows(x))))
+    return float(sum(_sq(v) for v in _pieces(x, rows_at_once(x))))
 
 
 def sqdist(x: torch.Tensor, y: torch.Tensor) -> float:
-    """`||x - y||^2` for tensors of one shape, the difference formed BLOCK entries at a time in one buffer."""
+    """`||x - y||^2` for tensors of one shape, the difference formed a few rows at a time in one buffer."""
     if x.shape != y.shape:
         raise ValueError(f"sqdist of tensors of shapes {tuple(x.shape)} and {tuple(y.shape)}")
     if x.numel() <= CHUNK:
         return float(torch.linalg.vector_norm(x - y)) ** 2
-    rows = _rows(x)
-    buf = torch.empty(min(rows * _per_row(x), x.numel()), dtype=torch.result_type(x, y), device=x.device)
+    rows = rows_at_once(x)
+    buf = torch.empty(x[:rows].numel(), dtype=torch.result_type(x, y), device=x.device)
     total = 0.0
     for u, w in zip(_pieces(x, rows), _pieces(y, rows)):
         total = total + _sq(torch.sub(u, w, out=buf[:u.numel()]))

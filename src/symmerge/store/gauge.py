@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.row_blocks import row_slices
+
 Params = dict[str, torch.Tensor]
 
 
@@ -120,16 +122,6 @@ def _norm_tensors(prefix: str, weight: torch.Tensor, beta: torch.Tensor | None) 
     return out
 
 
-#: entries of the embedding (and head) `tied_scale` multiplies at once
-ROW_BLOCK = 1 << 22
-
-
-def _row_slices(w: torch.Tensor) -> list[slice]:
-    """Slices of `w`'s leading axis, each at most ROW_BLOCK entries (at least one row)."""
-    step = max(1, ROW_BLOCK // max(1, w[0].numel()))
-    return [slice(i, i + step) for i in range(0, w.shape[0], step)]
-
-
 def tied_scale(params: Params, s, gauge: Gauge | None = None) -> torch.Tensor | None:
     """The final norm weight γ' with W_U = W_E diag(γ') (to float64 rounding), where the source was tied:
     the output can then be tied (head = embedding behind a final norm of weight γ'). None otherwise.
@@ -138,14 +130,14 @@ def tied_scale(params: Params, s, gauge: Gauge | None = None) -> torch.Tensor | 
     permutation, a residual scale) on an RMSNorm model; not after a residual rotation, and not on LayerNorm
     models (the writers are mean-free, the head is not) or where the head has a bias. Under a gauge, γ'
     must also be the reference's final weight (the gauge fixes that norm); else the output stays untied.
-    Memory: the embedding and head are compared ROW_BLOCK entries at a time (whole products of a 262,144-row
-    vocabulary would be transients of 2.4 GB each in float64)."""
+    Memory: the embedding and head are compared a few rows at a time (`runtime.row_blocks`: whole products of a
+    262,144-row vocabulary would be transients of 2.4 GB each in float64)."""
     if not s.tied or s.centred or "embed.W_E" not in params or "head.W_U" not in params:
         return None
     if "final.b_norm" in params or "head.b_U" in params:
         return None
     e, u = params["embed.W_E"], params["head.W_U"]
-    rows = _row_slices(e)  # the products a few vocabulary rows at a time: no transient of the embedding's size
+    rows = row_slices(e)
     norm2 = sum((e[r] * e[r]).sum(0) for r in rows)
     if not bool((norm2 > 0).all()):
         return None
